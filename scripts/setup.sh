@@ -32,7 +32,8 @@ if ! criu_ok; then
   if [ "${VERSION_CODENAME:-}" = bookworm ]; then
     # Bookworm's criu 3.17 fails on current kernels; take criu from trixie, pinned low so
     # nothing else is upgraded from there unless criu needs it.
-    mirror=$(grep -rhoE 'https?://[^ ]+/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null | grep -v security | head -1 || true)
+    mirror=$(grep -rhE '^[[:space:]]*(URIs:|deb )' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
+      | grep -oE 'https?://[^ ]+/debian/?' | grep -v security | head -1 || true)
     mirror=${mirror:-http://deb.debian.org/debian}
     if [ ! -f /etc/apt/sources.list.d/lazyfork-trixie.list ]; then
       echo "deb $mirror trixie main" > /etc/apt/sources.list.d/lazyfork-trixie.list

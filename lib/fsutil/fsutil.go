@@ -158,6 +158,9 @@ func unescapeMount(s string) string {
 
 // MountsUnder lists mount points at or below dir, deepest first (unmount order).
 func MountsUnder(dir string) []string {
+	if dir == "" {
+		return nil
+	}
 	abs, _ := filepath.Abs(dir)
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {

@@ -1,0 +1,40 @@
+# LazyFork. `make demo` and `make test` set up everything they need (idempotently).
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+BIN := $(CURDIR)/bin
+STAGES := lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree
+GO ?= go
+
+.PHONY: all build setup image demo test test-short doctor bench clean vet
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/lazyfork ./cmd/lazyfork
+	@ln -sf lazyfork $(BIN)/lfork
+	@for s in $(STAGES); do if [ -d $$s ]; then $(GO) build -o $(BIN)/$$s ./$$s || exit 1; fi; done
+
+# Host packages: CRIU >= 4.1, debootstrap, ...
+setup:
+	@bash scripts/setup.sh
+
+# The offline default image (debootstrap minbase + python3), built once.
+image: setup build
+	@$(BIN)/lazyfork image build-default >/dev/null
+
+doctor: build
+	@$(BIN)/lazyfork doctor
+
+demo: setup build image
+	@bash scripts/demo.sh
+
+test: setup build image vet
+	LF_REQUIRE_PRIV=1 LAZYFORK_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -p 1 ./...
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting" >&2; exit 1; }
+
+clean:
+	rm -rf $(BIN)

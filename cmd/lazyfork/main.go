@@ -1,0 +1,84 @@
+// Command lazyfork (alias lfork) is the porcelain: it composes the lib packages the
+// lf-* stage binaries are built from.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/lazyfork/lazyfork/lib/runtime"
+)
+
+// Globals are shared by every command; env vars configure them too.
+type Globals struct {
+	Root         string `help:"Persistent state directory." env:"LAZYFORK_ROOT" default:"/var/lib/lazyfork"`
+	Run          string `help:"State directory on tmpfs (snapshots, memory files)." env:"LAZYFORK_RUN" default:"/dev/shm/lazyfork"`
+	CgroupParent string `help:"Parent cgroup path for containers (default: under this process's cgroup)." env:"LAZYFORK_CGROUP_PARENT"`
+}
+
+type CLI struct {
+	Globals
+
+	Create createCmd `cmd:"" help:"Create and start a container from an image."`
+	Exec   execCmd   `cmd:"" help:"Run a command inside a container."`
+	Shell  shellCmd  `cmd:"" help:"Open an interactive shell inside a container."`
+	Attach attachCmd `cmd:"" help:"Stream a container's output (Ctrl-C detaches)."`
+	Freeze freezeCmd `cmd:"" help:"Pause every process of a container."`
+	Thaw   thawCmd   `cmd:"" help:"Resume a frozen container."`
+	Delete deleteCmd `cmd:"" aliases:"rm" help:"Stop a container and remove everything it holds."`
+	List   listCmd   `cmd:"" aliases:"ls,ps" help:"List containers."`
+	Status statusCmd `cmd:"" help:"Host facts and container totals."`
+	Doctor doctorCmd `cmd:"" help:"Check every host requirement and name the fix for each missing one."`
+	Image  imageCmd  `cmd:"" help:"Manage the local image store."`
+}
+
+func main() {
+	runtime.MaybeInit()
+	runtime.MaybeCgexec()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var cli CLI
+	kctx := kong.Parse(&cli,
+		kong.Name("lazyfork"),
+		kong.Description("Fork running Linux containers."),
+		kong.UsageOnError(),
+		kong.BindTo(ctx, (*context.Context)(nil)),
+	)
+	err := kctx.Run(&cli.Globals)
+	stop()
+	if err != nil {
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		fmt.Fprintf(os.Stderr, "lazyfork: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// exitError carries a child's exit code through without printing anything.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// open applies the globals and opens the runtime.
+func (g *Globals) open() (*runtime.Runtime, error) {
+	os.Setenv("LAZYFORK_ROOT", g.Root)
+	os.Setenv("LAZYFORK_RUN", g.Run)
+	if os.Geteuid() != 0 {
+		return nil, errors.New("lazyfork must run as root (namespaces, mounts, cgroups, CRIU): try sudo")
+	}
+	rt, err := runtime.Open()
+	if err != nil {
+		return nil, err
+	}
+	rt.CgroupParent = g.CgroupParent
+	return rt, nil
+}

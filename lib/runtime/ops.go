@@ -1,0 +1,271 @@
+package runtime
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/overlay"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// CgexecArg is the hidden first argument of the helper that joins a cgroup and then
+// execs the rest of its arguments; exec uses it so a command run inside a container is
+// accounted to the container.
+const CgexecArg = "__lazyfork_cgexec"
+
+// MaybeCgexec runs the cgroup-joining helper and never returns if this process is one.
+func MaybeCgexec() {
+	if len(os.Args) < 4 || os.Args[1] != CgexecArg {
+		return
+	}
+	var paths map[string]string
+	if err := json.Unmarshal([]byte(os.Args[2]), &paths); err != nil {
+		fmt.Fprintf(os.Stderr, "lazyfork: join cgroup: %v\n", err)
+		os.Exit(126)
+	}
+	cg, err := cgroup.Load(paths)
+	if err == nil {
+		err = cg.AddProc(os.Getpid())
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lazyfork: join cgroup: %v\n", err)
+		os.Exit(126)
+	}
+	path, err := exec.LookPath(os.Args[3])
+	if err == nil {
+		err = unix.Exec(path, os.Args[3:], os.Environ())
+	}
+	fmt.Fprintf(os.Stderr, "lazyfork: exec %s: %v\n", os.Args[3], err)
+	os.Exit(126)
+}
+
+// ExecOptions describe a command run inside a running container.
+type ExecOptions struct {
+	Args    []string
+	Env     []string // added to the container's environment
+	Cwd     string
+	Stdin   io.Reader
+	Stdout  io.Writer // nil: captured into the result
+	Stderr  io.Writer // nil: captured into the result
+	Timeout time.Duration
+}
+
+// ExecResult is what exec returns (its JSON form is the --json output).
+type ExecResult struct {
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+	ExitCode int    `json:"exit_code"`
+}
+
+// Exec runs a command in the container's namespaces, root and cgroup.
+func (r *Runtime) Exec(ctx context.Context, c *tree.Container, o ExecOptions) (*ExecResult, error) {
+	if len(o.Args) == 0 {
+		return nil, errors.New("exec: no command given: add `-- COMMAND [ARGS...]`")
+	}
+	if err := r.requireRunning(c); err != nil {
+		return nil, err
+	}
+	if o.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
+		defer cancel()
+	}
+	cgJSON, _ := json.Marshal(c.Cgroup)
+	exe := r.Exe
+	if exe == "" {
+		exe = "/proc/self/exe"
+	}
+	wd := "--wd"
+	if o.Cwd != "" {
+		wd = "--wdns=" + o.Cwd
+	}
+	argv := []string{CgexecArg, string(cgJSON), "nsenter", "-t", fmt.Sprint(c.Pid), "-m", "-u", "-i", "-p", "-r", wd, "--"}
+	argv = append(argv, o.Args...)
+	cmd := exec.CommandContext(ctx, exe, argv...)
+	cmd.Env = mergeEnv(c.Env, o.Env)
+	cmd.Stdin = o.Stdin
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if o.Stdout != nil {
+		cmd.Stdout = o.Stdout
+	}
+	if o.Stderr != nil {
+		cmd.Stderr = o.Stderr
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = 2 * time.Second
+	err := cmd.Run()
+	res := &ExecResult{Stdout: stdout.String(), Stderr: stderr.String()}
+	var exitErr *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		return res, fmt.Errorf("exec in %s: %w", displayName(c), ctx.Err())
+	case errors.As(err, &exitErr):
+		res.ExitCode = exitErr.ExitCode()
+	case err != nil:
+		return res, fmt.Errorf("exec in %s: %w", displayName(c), err)
+	}
+	return res, nil
+}
+
+func (r *Runtime) requireRunning(c *tree.Container) error {
+	switch st := r.State(c); st {
+	case tree.StateRunning:
+		return nil
+	case tree.StateFrozen:
+		return fmt.Errorf("container %s is frozen: run `lazyfork thaw %s` first", displayName(c), displayName(c))
+	case tree.StateStopped:
+		return fmt.Errorf("container %s is stopped: run `lazyfork start %s` first", displayName(c), displayName(c))
+	default:
+		return fmt.Errorf("container %s is %s (its command ended): see `lazyfork attach %s`, or delete it", displayName(c), st, displayName(c))
+	}
+}
+
+// State is the container's live state, derived from its process and cgroup rather than
+// trusted from the record.
+func (r *Runtime) State(c *tree.Container) string {
+	switch c.State {
+	case tree.StateStopped, tree.StateCreating:
+		return c.State
+	}
+	if !Alive(c) {
+		return tree.StateExited
+	}
+	if cg, err := Cgroup(c); err == nil {
+		if st, err := cg.Stats(); err == nil && st.Frozen {
+			return tree.StateFrozen
+		}
+	}
+	return tree.StateRunning
+}
+
+// Freeze pauses every process of the container.
+func (r *Runtime) Freeze(c *tree.Container) error {
+	if err := r.requireRunning(c); err != nil {
+		return err
+	}
+	cg, err := Cgroup(c)
+	if err == nil {
+		err = cg.Freeze()
+	}
+	if err != nil {
+		return fmt.Errorf("freeze %s: %w", displayName(c), err)
+	}
+	return nil
+}
+
+// Thaw resumes a frozen container.
+func (r *Runtime) Thaw(c *tree.Container) error {
+	if st := r.State(c); st != tree.StateFrozen {
+		return fmt.Errorf("thaw %s: it is %s, not frozen", displayName(c), st)
+	}
+	cg, err := Cgroup(c)
+	if err == nil {
+		err = cg.Thaw()
+	}
+	if err != nil {
+		return fmt.Errorf("thaw %s: %w", displayName(c), err)
+	}
+	return nil
+}
+
+// Delete ends the container's processes and removes its mounts, cgroup, upper layer,
+// memory directory and record. Children of a forked container keep running.
+func (r *Runtime) Delete(c *tree.Container) error {
+	var errs []error
+	if cg, err := Cgroup(c); err == nil {
+		if err := cg.Kill(); err != nil {
+			errs = append(errs, err)
+		} else if err := cg.Remove(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// The conventional paths, not the record's: a damaged record must not aim removal
+	// anywhere else.
+	if err := overlay.Teardown(overlay.Dir(r.Tree.Path(c.ID), nil)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := fsutil.RemoveAll(MemDir(c.ID)); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		if err := r.Tree.Remove(c.ID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete %s: %w", displayName(c), err)
+	}
+	return nil
+}
+
+// Info is one row of `lazyfork list`.
+type Info struct {
+	ID          string    `json:"id"`
+	Name        string    `json:"name,omitempty"`
+	State       string    `json:"state"`
+	Parent      string    `json:"parent,omitempty"`
+	ParentName  string    `json:"parent_name,omitempty"`
+	Depth       int       `json:"depth"`
+	Pid         int       `json:"pid,omitempty"`
+	Procs       int       `json:"procs"`
+	MemoryBytes int64     `json:"memory_bytes"`
+	Image       string    `json:"image"`
+	Command     []string  `json:"command"`
+	Created     time.Time `json:"created"`
+}
+
+// Inspect builds the live view of one container.
+func (r *Runtime) Inspect(c *tree.Container) Info {
+	in := Info{ID: c.ID, Name: c.Name, State: r.State(c), Parent: c.Parent, Depth: c.Depth,
+		Image: c.Image, Command: c.Command, Created: c.Created}
+	if in.State == tree.StateRunning || in.State == tree.StateFrozen {
+		in.Pid = c.Pid
+	}
+	if cg, err := Cgroup(c); err == nil {
+		if st, err := cg.Stats(); err == nil {
+			in.Procs = st.Pids
+			in.MemoryBytes = int64(st.MemoryBytes)
+		}
+	}
+	return in
+}
+
+// List returns the live view of every container, with parent names filled in.
+func (r *Runtime) List() ([]Info, error) {
+	all, err := r.Tree.List()
+	if err != nil {
+		return nil, err
+	}
+	names := map[string]string{}
+	for _, c := range all {
+		names[c.ID] = c.Name
+	}
+	out := make([]Info, 0, len(all))
+	for _, c := range all {
+		in := r.Inspect(c)
+		in.ParentName = names[c.Parent]
+		out = append(out, in)
+	}
+	return out, nil
+}
+
+// LogPath is the host path of the container's output log.
+func LogPath(c *tree.Container) string {
+	if fsutil.IsMountPoint(c.RootFS) {
+		return c.RootFS + OutputLog
+	}
+	return c.Upper + OutputLog
+}

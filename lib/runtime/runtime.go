@@ -1,0 +1,298 @@
+// Package runtime runs LazyFork containers: create (overlay root, own cgroup, new
+// pid/mount/uts/ipc namespaces, the user's command as pid 1), exec, freeze, thaw, delete
+// and the live view of each container. The fork pipeline reuses its pieces.
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/image"
+	"github.com/lazyfork/lazyfork/lib/overlay"
+	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// Runtime bundles the stores a command needs.
+type Runtime struct {
+	Tree         *tree.Store
+	Images       *image.Store
+	CgroupParent string // "" = under the caller's own cgroup
+	// Exe is the binary re-executed as the container set-up helper (default: this one).
+	Exe string
+}
+
+// Open opens the default stores under paths.Root().
+func Open() (*Runtime, error) {
+	t, err := tree.Open(paths.Containers())
+	if err != nil {
+		return nil, err
+	}
+	im, err := image.Open(paths.Images())
+	if err != nil {
+		return nil, err
+	}
+	return &Runtime{Tree: t, Images: im, CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT")}, nil
+}
+
+// CreateOptions are the user's choices for a new container.
+type CreateOptions struct {
+	Image    string
+	Name     string
+	Command  []string
+	Env      []string
+	Hook     string
+	Progress io.Writer // image pull progress (human text)
+}
+
+// MemDir is where a root container's (empty) /.lazyfork/mem lives on the host.
+func MemDir(id string) string { return filepath.Join(paths.Run(), "mem", id) }
+
+// undo is a stack of clean-up steps run in reverse when an operation fails half-way.
+type undo []func() error
+
+func (u *undo) push(f func() error) { *u = append(*u, f) }
+func (u undo) run() error {
+	var errs []error
+	for i := len(u) - 1; i >= 0; i-- {
+		if err := u[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Create starts a new container and records it. On failure nothing remains.
+func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Container, retErr error) {
+	if o.Name != "" {
+		if err := tree.ValidateName(o.Name); err != nil {
+			return nil, err
+		}
+	}
+	img, err := r.Images.Get(ctx, o.Image, image.GetOptions{Progress: o.Progress})
+	if err != nil {
+		return nil, err
+	}
+	args := o.Command
+	if len(args) == 0 {
+		args = append(slices.Clone(img.Entrypoint), img.Cmd...)
+	}
+	if len(args) == 0 {
+		return nil, errors.New("no command given and the image has none: add `-- COMMAND [ARGS...]`")
+	}
+	env := mergeEnv(img.Env, o.Env)
+
+	var cleanup undo
+	defer func() {
+		if retErr != nil {
+			if err := cleanup.run(); err != nil {
+				retErr = fmt.Errorf("%w (clean-up also failed: %v)", retErr, err)
+			}
+		}
+	}()
+
+	c, err := r.reserve(o.Name, func(c *tree.Container) error {
+		c.Image = img.Name
+		c.Command = args
+		c.Env = env
+		c.WorkingDir = img.WorkingDir
+		c.Hook = o.Hook
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	cleanup.push(func() error { return r.Tree.Remove(c.ID) })
+
+	lower := slices.Clone(img.Layers)
+	slices.Reverse(lower) // overlayfs wants the top-most layer first
+	c.Lower = lower
+	layer := overlay.Layer{Lower: c.Lower, Upper: c.Upper, Work: c.Work, Target: c.RootFS}
+	if err := overlay.Prepare(layer); err != nil {
+		return nil, err
+	}
+	cleanup.push(func() error { return overlay.Teardown(layer) })
+
+	if err := os.MkdirAll(c.MemDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create %s: %w", c.MemDir, err)
+	}
+	cleanup.push(func() error { return fsutil.RemoveAll(c.MemDir) })
+
+	cg, err := cgroup.Create(c.ID, r.CgroupParent)
+	if err != nil {
+		return nil, err
+	}
+	cleanup.push(func() error { _ = cg.Kill(); return cg.Remove() })
+
+	pid, err := r.startInit(cg, initConfig{
+		RootFS: c.RootFS, Hostname: c.Hostname, Args: args, Env: env,
+		WorkingDir: c.WorkingDir, MemDir: c.MemDir,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", displayName(c), err)
+	}
+	c.Pid = pid
+	c.StartTime, _ = StartTime(pid)
+	c.State = tree.StateRunning
+	if err := r.Tree.Put(c); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// reserve records a new container in state "creating" under the store lock, so two
+// creates racing for one name cannot both win. The record already names every path and
+// cgroup the container will own, so a crash half-way leaves something Delete can clean.
+func (r *Runtime) reserve(name string, fill func(*tree.Container) error) (*tree.Container, error) {
+	unlock, err := r.Tree.Lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if name != "" {
+		if err := r.Tree.CheckNameFree(name); err != nil {
+			return nil, err
+		}
+	}
+	id := r.Tree.NewID()
+	c := &tree.Container{ID: id, Name: name, Hostname: id, Created: time.Now().UTC(), State: tree.StateCreating}
+	layer := overlay.Dir(r.Tree.Path(id), nil)
+	c.Upper, c.Work, c.RootFS, c.MemDir = layer.Upper, layer.Work, layer.Target, MemDir(id)
+	cg, err := cgroup.Resolve(id, r.CgroupParent)
+	if err != nil {
+		return nil, err
+	}
+	c.Cgroup, c.CgroupV2 = cg.Paths, cg.V2
+	if err := fill(c); err != nil {
+		return nil, err
+	}
+	if err := r.Tree.Put(c); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func displayName(c *tree.Container) string {
+	if c.Name != "" {
+		return c.Name
+	}
+	return c.ID
+}
+
+func mergeEnv(base, extra []string) []string {
+	out := slices.Clone(base)
+	if !slices.ContainsFunc(out, func(e string) bool { return strings.HasPrefix(e, "PATH=") }) {
+		out = append(out, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	}
+	for _, e := range extra {
+		k, _, _ := strings.Cut(e, "=")
+		out = slices.DeleteFunc(out, func(x string) bool { return strings.HasPrefix(x, k+"=") })
+		out = append(out, e)
+	}
+	return out
+}
+
+// startInit re-executes this binary as the set-up helper in new namespaces, puts it in
+// the cgroup before it does anything, and waits until it has exec'd the user's command
+// (the error pipe closes on exec) or reported why it could not.
+func (r *Runtime) startInit(cg *cgroup.Cgroup, cfg initConfig) (int, error) {
+	exe := r.Exe
+	if exe == "" {
+		exe = "/proc/self/exe"
+	}
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return 0, err
+	}
+	defer cfgR.Close()
+	defer cfgW.Close()
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return 0, err
+	}
+	defer errR.Close()
+	cmd := exec.Command(exe, InitArg)
+	cmd.ExtraFiles = []*os.File{cfgR, errW}
+	cmd.Env = []string{}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
+		// The container's pid 1 must lead its own session inside the pid namespace, or
+		// CRIU refuses to dump it.
+		Setsid: true,
+	}
+	if err := cmd.Start(); err != nil {
+		errW.Close()
+		return 0, fmt.Errorf("start container init: %w", err)
+	}
+	errW.Close()
+	pid := cmd.Process.Pid
+	fail := func(err error) (int, error) {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return 0, err
+	}
+	if err := cg.AddProc(pid); err != nil {
+		return fail(err)
+	}
+	if err := json.NewEncoder(cfgW).Encode(cfg); err != nil {
+		return fail(fmt.Errorf("send init config: %w", err))
+	}
+	cfgW.Close()
+	msg, _ := io.ReadAll(errR)
+	if len(msg) > 0 {
+		return fail(errors.New(string(msg)))
+	}
+	// Reap it when it ends if this process lives that long (daemon, tests); a short-lived
+	// CLI leaves it to the host's init.
+	go func() { _ = cmd.Wait() }()
+	return pid, nil
+}
+
+// StartTime reads a process's start time (clock ticks since boot) from /proc, which
+// together with the pid identifies it even after pid reuse.
+func StartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return 0, fmt.Errorf("process %d has exited", pid)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// Alive reports whether the container's recorded init is still the same live process.
+func Alive(c *tree.Container) bool {
+	if c.Pid <= 0 {
+		return false
+	}
+	st, err := StartTime(c.Pid)
+	return err == nil && st == c.StartTime
+}
+
+// Cgroup loads the container's cgroup.
+func Cgroup(c *tree.Container) (*cgroup.Cgroup, error) {
+	return cgroup.Load(c.Cgroup)
+}

@@ -1,0 +1,304 @@
+package runtime_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/image"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/testutil"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+func TestMain(m *testing.M) {
+	runtime.MaybeInit()
+	runtime.MaybeCgexec()
+	os.Exit(m.Run())
+}
+
+const defaultImage = "lazyfork/debian:bookworm"
+
+// newRuntime gives each test its own container tree and tmpfs dir, sharing the machine's
+// image store (the default image is built by `make image`).
+func newRuntime(t *testing.T) *runtime.Runtime {
+	t.Helper()
+	testutil.RequireRoot(t)
+	run, err := os.MkdirTemp("/dev/shm", "lazyfork-test-run-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("LAZYFORK_RUN", run)
+	t.Cleanup(func() { _ = fsutil.RemoveAll(run) })
+	imgs, err := image.Open(filepath.Join(imageRoot(), "images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := imgs.Resolve(defaultImage); err != nil {
+		t.Fatalf("default image missing (run `make image`): %v", err)
+	}
+	treeDir := t.TempDir()
+	ts, err := tree.Open(treeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := &runtime.Runtime{Tree: ts, Images: imgs, Exe: exe, CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT")}
+	t.Cleanup(func() {
+		all, _ := ts.List()
+		for _, c := range all {
+			if err := rt.Delete(c); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		}
+	})
+	return rt
+}
+
+func imageRoot() string {
+	if r := os.Getenv("LAZYFORK_ROOT"); r != "" {
+		return r
+	}
+	return "/var/lib/lazyfork"
+}
+
+var counter = []string{"python3", "-c", "import itertools, time; [print(i, flush=True) or time.sleep(0.2) for i in itertools.count()]"}
+
+func create(t *testing.T, rt *runtime.Runtime, name string, cmd ...string) *tree.Container {
+	t.Helper()
+	c, err := rt.Create(context.Background(), runtime.CreateOptions{Image: defaultImage, Name: name, Command: cmd})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	return c
+}
+
+func lastCount(t *testing.T, c *tree.Container) int {
+	t.Helper()
+	b, err := os.ReadFile(runtime.LogPath(c))
+	if err != nil {
+		return -1
+	}
+	lines := strings.Fields(string(b))
+	if len(lines) == 0 {
+		return -1
+	}
+	n, err := strconv.Atoi(lines[len(lines)-1])
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func TestCreateOutputGrowsAndExecSeesContainer(t *testing.T) {
+	rt := newRuntime(t)
+	c := create(t, rt, "counter", counter...)
+	testutil.Eventually(t, 10*time.Second, "output log to reach 3", func() bool { return lastCount(t, c) >= 3 })
+
+	res, err := rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"hostname"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec hostname: %v %+v", err, res)
+	}
+	if got := strings.TrimSpace(res.Stdout); got != c.ID {
+		t.Errorf("hostname inside = %q, want the container id %q", got, c.ID)
+	}
+	// The pid namespace view: the user's command is pid 1 and nothing of the host shows.
+	res, err = rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '; echo; ls /proc | grep -c '^[0-9]'"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec ps: %v %+v", err, res)
+	}
+	out := strings.Split(strings.TrimSpace(res.Stdout), "\n")
+	if !strings.HasPrefix(out[0], "python3 -c") {
+		t.Errorf("pid 1 inside = %q, want the user's command", out[0])
+	}
+	if n, _ := strconv.Atoi(out[1]); n < 2 || n > 5 {
+		t.Errorf("%d processes visible inside, want pid 1 plus the exec'd ones", n)
+	}
+	res, err = rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"cat", "/proc/sys/vm/overcommit_memory"}})
+	if err != nil || strings.TrimSpace(res.Stdout) != "2" {
+		t.Errorf("overcommit_memory inside = %q (%v), want 2", res.Stdout, err)
+	}
+	res, err = rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"sh", "-c", "echo oops >&2; exit 7"}})
+	if err != nil || res.ExitCode != 7 || strings.TrimSpace(res.Stderr) != "oops" {
+		t.Errorf("exec exit code/stderr: %v %+v", err, res)
+	}
+	info := rt.Inspect(c)
+	if info.State != tree.StateRunning || info.Procs != 1 || info.MemoryBytes <= 0 {
+		t.Errorf("inspect = %+v, want running with 1 process and some memory", info)
+	}
+}
+
+func TestFreezeStopsCountThawResumes(t *testing.T) {
+	rt := newRuntime(t)
+	c := create(t, rt, "", counter...)
+	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastCount(t, c) >= 1 })
+	if err := rt.Freeze(c); err != nil {
+		t.Fatal(err)
+	}
+	if st := rt.State(c); st != tree.StateFrozen {
+		t.Fatalf("state after freeze = %s", st)
+	}
+	a := lastCount(t, c)
+	time.Sleep(time.Second)
+	if b := lastCount(t, c); b != a {
+		t.Fatalf("count moved while frozen: %d -> %d", a, b)
+	}
+	if _, err := rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"true"}}); err == nil || !strings.Contains(err.Error(), "frozen") {
+		t.Errorf("exec in a frozen container: %v, want an error saying it is frozen", err)
+	}
+	if err := rt.Thaw(c); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, "count to resume", func() bool { return lastCount(t, c) > a })
+}
+
+func TestDeleteLeavesNoTrace(t *testing.T) {
+	rt := newRuntime(t)
+	c := create(t, rt, "doomed", "sh", "-c", "sleep 1000 & sleep 1000")
+	testutil.Eventually(t, 5*time.Second, "two processes", func() bool { return rt.Inspect(c).Procs >= 2 })
+	cg, err := runtime.Cgroup(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Delete(c); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, rt, c)
+	_ = cg
+}
+
+// assertGone checks that nothing of a container remains: process, mounts, cgroup dirs,
+// tmpfs dir, record.
+func assertGone(t *testing.T, rt *runtime.Runtime, c *tree.Container) {
+	t.Helper()
+	if runtime.Alive(c) {
+		t.Errorf("process %d still alive", c.Pid)
+	}
+	if m := fsutil.MountsUnder(rt.Tree.Path(c.ID)); len(m) > 0 {
+		t.Errorf("mounts left: %v", m)
+	}
+	for ctrl, p := range c.Cgroup {
+		dir := cgroupDir(ctrl, p)
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("cgroup dir left: %s", dir)
+		}
+	}
+	for _, p := range []string{rt.Tree.Path(c.ID), c.MemDir} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("left behind: %s", p)
+		}
+	}
+}
+
+func cgroupDir(ctrl, p string) string {
+	if ctrl == "unified" || ctrl == "" {
+		if _, err := os.Stat("/sys/fs/cgroup/unified"); err == nil {
+			return filepath.Join("/sys/fs/cgroup/unified", p)
+		}
+		return filepath.Join("/sys/fs/cgroup", p)
+	}
+	return filepath.Join("/sys/fs/cgroup", ctrl, p)
+}
+
+func TestBadInputLeavesNothing(t *testing.T) {
+	rt := newRuntime(t)
+	ctx := context.Background()
+	create(t, rt, "taken", "sleep", "1000")
+	cases := []struct {
+		name string
+		opts runtime.CreateOptions
+		want string
+	}{
+		{"unknown image", runtime.CreateOptions{Image: "no-such-image-xyz", Command: []string{"true"}}, "no-such-image-xyz"},
+		{"duplicate name", runtime.CreateOptions{Image: defaultImage, Name: "taken", Command: []string{"true"}}, "already in use"},
+		{"invalid name", runtime.CreateOptions{Image: defaultImage, Name: "bad/name", Command: []string{"true"}}, "invalid name"},
+		{"missing command", runtime.CreateOptions{Image: defaultImage, Name: "x"}, "no command"},
+		{"command not in image", runtime.CreateOptions{Image: defaultImage, Name: "y", Command: []string{"no-such-binary"}}, "not found in the image"},
+	}
+	before := snapshotHost(t, rt)
+	for _, tc := range cases {
+		_, err := rt.Create(ctx, tc.opts)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want it to mention %q", tc.name, err, tc.want)
+			continue
+		}
+		if strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: error is not one line: %q", tc.name, err)
+		}
+	}
+	if after := snapshotHost(t, rt); after != before {
+		t.Errorf("bad input left something behind:\nbefore %s\nafter  %s", before, after)
+	}
+	for _, ref := range []string{"nope", "", "0"} {
+		if _, err := rt.Tree.Resolve(ref); err == nil {
+			t.Errorf("resolve %q succeeded", ref)
+		}
+	}
+}
+
+// snapshotHost summarises what the runtime can leave behind: records, mounts, memory dirs
+// and cgroups under the containers' parent.
+func snapshotHost(t *testing.T, rt *runtime.Runtime) string {
+	t.Helper()
+	recs, _ := os.ReadDir(rt.Tree.Dir)
+	mem, _ := os.ReadDir(filepath.Join(os.Getenv("LAZYFORK_RUN"), "mem"))
+	mounts := fsutil.MountsUnder(rt.Tree.Dir)
+	return strings.Join([]string{strconv.Itoa(len(recs)), strconv.Itoa(len(mem)), strconv.Itoa(len(mounts)), strconv.Itoa(countCgroups())}, "/")
+}
+
+func countCgroups() int {
+	n := 0
+	for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/freezer", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			if strings.Count(p, "/") > 9 {
+				return filepath.SkipDir
+			}
+			if strings.HasSuffix(filepath.Dir(p), "/lazyfork") {
+				n++
+			}
+			return nil
+		})
+	}
+	return n
+}
+
+func TestRacingCreatesOneNameOneWinner(t *testing.T) {
+	rt := newRuntime(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			_, errs[i] = rt.Create(context.Background(), runtime.CreateOptions{Image: defaultImage, Name: "race", Command: []string{"sleep", "1000"}})
+		}(i)
+	}
+	wg.Wait()
+	wins := 0
+	for _, err := range errs {
+		if err == nil {
+			wins++
+		} else if !strings.Contains(err.Error(), "already in use") {
+			t.Errorf("loser's error = %v", err)
+		}
+	}
+	if wins != 1 {
+		t.Fatalf("%d creates won the name, want exactly 1", wins)
+	}
+	all, _ := rt.Tree.List()
+	if len(all) != 1 {
+		t.Errorf("%d records, want 1", len(all))
+	}
+}

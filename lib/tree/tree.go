@@ -1,0 +1,256 @@
+// Package tree is LazyFork's on-disk store: one directory per container (and per
+// snapshot) holding small JSON files written atomically. It is the lineage record the
+// fork pipeline reads and writes; no database is involved.
+package tree
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/lib/fsutil"
+)
+
+// RecordVersion is the version of container.json this code writes and accepts.
+const RecordVersion = 1
+
+// States a container can be in.
+const (
+	StateCreating = "creating"
+	StateRunning  = "running"
+	StateFrozen   = "frozen"
+	StateStopped  = "stopped" // snapshotted and ended by the user; forkable, startable
+	StateExited   = "exited"  // its processes ended on their own
+)
+
+var (
+	ErrNotFound  = errors.New("no such container")
+	ErrAmbiguous = errors.New("ambiguous container reference")
+	ErrNameInUse = errors.New("name already in use")
+	ErrBadName   = errors.New("invalid name")
+)
+
+// Container is one container's record (container.json).
+type Container struct {
+	Version    int       `json:"version"`
+	ID         string    `json:"id"`
+	Name       string    `json:"name,omitempty"`
+	Image      string    `json:"image"`
+	Command    []string  `json:"command"`
+	Env        []string  `json:"env,omitempty"`
+	WorkingDir string    `json:"working_dir,omitempty"`
+	Hostname   string    `json:"hostname"`
+	Parent     string    `json:"parent,omitempty"`
+	Depth      int       `json:"depth"`
+	Created    time.Time `json:"created"`
+
+	// Filesystem: Lower is top-most first (frozen ancestor layers, then image layers).
+	Lower  []string `json:"lower"`
+	Upper  string   `json:"upper"`
+	Work   string   `json:"work"`
+	RootFS string   `json:"rootfs"`
+	// MemDir is the host directory bound read-only at /.lazyfork/mem inside.
+	MemDir string `json:"mem_dir"`
+	Family string `json:"family,omitempty"`
+
+	Cgroup   map[string]string `json:"cgroup"`
+	CgroupV2 bool              `json:"cgroup_v2,omitempty"`
+
+	Pid       int    `json:"pid"`
+	StartTime uint64 `json:"start_time"`
+	State     string `json:"state"`
+	// Snapshot is the snapshot a stopped container restarts from.
+	Snapshot string `json:"snapshot,omitempty"`
+	Hook     string `json:"hook,omitempty"`
+
+	// Timings of the fork that made this container, for stats.
+	Timings map[string]float64 `json:"timings_ms,omitempty"`
+}
+
+// Store is a directory of container records.
+type Store struct{ Dir string }
+
+// Open makes sure the store directory exists.
+func Open(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("open store %s: %w", dir, err)
+	}
+	return &Store{Dir: dir}, nil
+}
+
+// Lock takes the store-wide lock (flock) that serialises name reservations.
+func (s *Store) Lock() (unlock func(), err error) {
+	f, err := os.OpenFile(filepath.Join(s.Dir, ".lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock store: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock store: %w", err)
+	}
+	return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+}
+
+// Path is the directory of one container.
+func (s *Store) Path(id string) string { return filepath.Join(s.Dir, id) }
+
+var idRe = regexp.MustCompile(`^[0-9a-f]{12}$`)
+
+// NewID returns a fresh 12-hex-digit id not used in the store.
+func (s *Store) NewID() string {
+	for {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		id := hex.EncodeToString(b[:])
+		if _, err := os.Stat(s.Path(id)); errors.Is(err, os.ErrNotExist) {
+			return id
+		}
+	}
+}
+
+var nameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+// ValidateName checks a user-chosen container name.
+func ValidateName(name string) error {
+	if !nameRe.MatchString(name) {
+		return fmt.Errorf("%w %q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit", ErrBadName, name)
+	}
+	if idRe.MatchString(name) {
+		return fmt.Errorf("%w %q: a name must not look like a container id", ErrBadName, name)
+	}
+	return nil
+}
+
+// Put writes a record atomically, creating its directory.
+func (s *Store) Put(c *Container) error {
+	if !idRe.MatchString(c.ID) {
+		return fmt.Errorf("put container: bad id %q", c.ID)
+	}
+	c.Version = RecordVersion
+	if err := os.MkdirAll(s.Path(c.ID), 0o700); err != nil {
+		return fmt.Errorf("put container %s: %w", c.ID, err)
+	}
+	return fsutil.WriteJSON(filepath.Join(s.Path(c.ID), "container.json"), c)
+}
+
+// Get reads one record by exact id.
+func (s *Store) Get(id string) (*Container, error) {
+	if !idRe.MatchString(id) {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	var c Container
+	if err := fsutil.ReadJSON(filepath.Join(s.Path(id), "container.json"), &c); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+		}
+		return nil, err
+	}
+	if c.Version != RecordVersion {
+		return nil, fmt.Errorf("container %s: record version %d not supported (want %d)", id, c.Version, RecordVersion)
+	}
+	return &c, nil
+}
+
+// List returns every record, oldest first.
+func (s *Store) List() ([]*Container, error) {
+	ents, err := os.ReadDir(s.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	var out []*Container
+	for _, e := range ents {
+		if !e.IsDir() || !idRe.MatchString(e.Name()) {
+			continue
+		}
+		c, err := s.Get(e.Name())
+		if err != nil {
+			continue // a directory being created or removed right now
+		}
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Created.Equal(out[j].Created) {
+			return out[i].ID < out[j].ID
+		}
+		return out[i].Created.Before(out[j].Created)
+	})
+	return out, nil
+}
+
+// Resolve finds a container by name, id, or unique id prefix.
+func (s *Store) Resolve(ref string) (*Container, error) {
+	if ref == "" {
+		return nil, fmt.Errorf("%w: empty reference", ErrNotFound)
+	}
+	all, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	var byPrefix []*Container
+	for _, c := range all {
+		if c.Name == ref || c.ID == ref {
+			return c, nil
+		}
+		if strings.HasPrefix(c.ID, ref) {
+			byPrefix = append(byPrefix, c)
+		}
+	}
+	switch len(byPrefix) {
+	case 1:
+		return byPrefix[0], nil
+	case 0:
+		return nil, fmt.Errorf("%w %q (see: lazyfork list)", ErrNotFound, ref)
+	default:
+		ids := make([]string, len(byPrefix))
+		for i, c := range byPrefix {
+			ids[i] = c.ID
+		}
+		return nil, fmt.Errorf("%w %q matches %s: give more of the id", ErrAmbiguous, ref, strings.Join(ids, ", "))
+	}
+}
+
+// CheckNameFree fails if a record already uses name. Call with the lock held.
+func (s *Store) CheckNameFree(name string) error {
+	all, err := s.List()
+	if err != nil {
+		return err
+	}
+	for _, c := range all {
+		if c.Name == name {
+			return fmt.Errorf("%w: %q is container %s (pick another name or delete it)", ErrNameInUse, name, c.ID)
+		}
+	}
+	return nil
+}
+
+// Remove deletes a container's directory (never crossing a mount point).
+func (s *Store) Remove(id string) error {
+	if !idRe.MatchString(id) {
+		return fmt.Errorf("remove container: bad id %q", id)
+	}
+	return fsutil.RemoveAll(s.Path(id))
+}
+
+// Children lists the records whose parent is id.
+func (s *Store) Children(id string) ([]*Container, error) {
+	all, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	var out []*Container
+	for _, c := range all {
+		if c.Parent == id {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
