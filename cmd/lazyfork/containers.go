@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 )
 
@@ -190,7 +191,10 @@ func (c *deleteCmd) Run(g *Globals) error {
 		if err != nil {
 			return err
 		}
-		return rt.Delete(ct)
+		if err := rt.Delete(ct); err != nil {
+			return err
+		}
+		return fork.GC(rt)
 	})
 }
 
@@ -275,6 +279,8 @@ func humanBytes(b int64) string {
 	}
 	return fmt.Sprintf("%d B", b)
 }
+
+func printJSONLine(v any) error { return json.NewEncoder(os.Stdout).Encode(v) }
 
 func printJSON(v any) error {
 	enc := json.NewEncoder(os.Stdout)

@@ -104,7 +104,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		}
 	}()
 
-	c, err := r.reserve(o.Name, func(c *tree.Container) error {
+	c, err := r.Reserve(o.Name, func(c *tree.Container) error {
 		c.Image = img.Name
 		c.Command = args
 		c.Env = env
@@ -147,16 +147,17 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 	c.Pid = pid
 	c.StartTime, _ = StartTime(pid)
 	c.State = tree.StateRunning
+	c.Owner = 0
 	if err := r.Tree.Put(c); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// reserve records a new container in state "creating" under the store lock, so two
+// Reserve records a new container in state "creating" under the store lock, so two
 // creates racing for one name cannot both win. The record already names every path and
 // cgroup the container will own, so a crash half-way leaves something Delete can clean.
-func (r *Runtime) reserve(name string, fill func(*tree.Container) error) (*tree.Container, error) {
+func (r *Runtime) Reserve(name string, fill func(*tree.Container) error) (*tree.Container, error) {
 	unlock, err := r.Tree.Lock()
 	if err != nil {
 		return nil, err
@@ -168,7 +169,7 @@ func (r *Runtime) reserve(name string, fill func(*tree.Container) error) (*tree.
 		}
 	}
 	id := r.Tree.NewID()
-	c := &tree.Container{ID: id, Name: name, Hostname: id, Created: time.Now().UTC(), State: tree.StateCreating}
+	c := &tree.Container{ID: id, Name: name, Hostname: id, Created: time.Now().UTC(), State: tree.StateCreating, Owner: os.Getpid()}
 	layer := overlay.Dir(r.Tree.Path(id), nil)
 	c.Upper, c.Work, c.RootFS, c.MemDir = layer.Upper, layer.Work, layer.Target, MemDir(id)
 	cg, err := cgroup.Resolve(id, r.CgroupParent)

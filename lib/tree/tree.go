@@ -71,6 +71,9 @@ type Container struct {
 	// Snapshot is the snapshot a stopped container restarts from.
 	Snapshot string `json:"snapshot,omitempty"`
 	Hook     string `json:"hook,omitempty"`
+	// Owner is the pid of the process building a record in state "creating"; a record
+	// whose owner is gone was abandoned half-way and is garbage.
+	Owner int `json:"owner,omitempty"`
 
 	// Timings of the fork that made this container, for stats.
 	Timings map[string]float64 `json:"timings_ms,omitempty"`

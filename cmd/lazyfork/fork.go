@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"encoding/csv"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"golang.org/x/term"
+
+	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+type forkCmd struct {
+	Container string   `arg:"" help:"Name, id or unique id prefix of the container to fork."`
+	N         int      `short:"n" default:"1" help:"How many forks."`
+	Name      []string `help:"Name for a fork (repeat for several)."`
+	Force     bool     `help:"Fork even if the workload uses an allocator that relies on MADV_DONTNEED zero-fill."`
+	JSON      bool     `help:"Print one JSON line per fork."`
+}
+
+func (c *forkCmd) Run(ctx context.Context, g *Globals) error {
+	rt, err := g.open()
+	if err != nil {
+		return err
+	}
+	src, err := rt.Tree.Resolve(c.Container)
+	if err != nil {
+		return err
+	}
+	n := c.N
+	if len(c.Name) > n {
+		n = len(c.Name)
+	}
+	var done atomic.Int32
+	bar := term.IsTerminal(int(os.Stderr.Fd())) && n > 1
+	forks, _, err := fork.Fork(ctx, rt, src, fork.Options{Force: c.Force, RestoreOptions: fork.RestoreOptions{
+		N: n, Names: c.Name,
+		OnFork: func(f stage.Fork) {
+			if bar {
+				d := int(done.Add(1))
+				w := 30 * d / n
+				fmt.Fprintf(os.Stderr, "\rforking %s [%s%s] %d/%d", c.Container, strings.Repeat("█", w), strings.Repeat(" ", 30-w), d, n)
+			}
+		},
+	}})
+	if bar {
+		fmt.Fprintln(os.Stderr)
+	}
+	if err != nil {
+		return err
+	}
+	for _, f := range forks {
+		if c.JSON {
+			if err := printJSONLine(f); err != nil {
+				return err
+			}
+			continue
+		}
+		fmt.Println(f.ID)
+	}
+	return nil
+}
+
+type stopCmd struct {
+	Containers []string `arg:"" help:"Names, ids or unique id prefixes."`
+}
+
+func (c *stopCmd) Run(ctx context.Context, g *Globals) error {
+	return eachContainer(g, c.Containers, func(rt *runtime.Runtime, ref string) error {
+		ct, err := rt.Tree.Resolve(ref)
+		if err != nil {
+			return err
+		}
+		_, err = fork.Stop(ctx, rt, ct)
+		return err
+	})
+}
+
+type startCmd struct {
+	Containers []string `arg:"" help:"Names, ids or unique id prefixes."`
+}
+
+func (c *startCmd) Run(ctx context.Context, g *Globals) error {
+	return eachContainer(g, c.Containers, func(rt *runtime.Runtime, ref string) error {
+		ct, err := rt.Tree.Resolve(ref)
+		if err != nil {
+			return err
+		}
+		return fork.Start(ctx, rt, ct)
+	})
+}
+
+type treeCmd struct {
+	JSON bool `help:"Print the list with parents as JSON."`
+}
+
+func (c *treeCmd) Run(g *Globals) error {
+	rt, err := g.open()
+	if err != nil {
+		return err
+	}
+	rows, err := rt.List()
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(rows)
+	}
+	kids := map[string][]runtime.Info{}
+	ids := map[string]bool{}
+	for _, r := range rows {
+		ids[r.ID] = true
+	}
+	var roots []runtime.Info
+	for _, r := range rows {
+		if r.Parent == "" || !ids[r.Parent] {
+			roots = append(roots, r)
+		} else {
+			kids[r.Parent] = append(kids[r.Parent], r)
+		}
+	}
+	var draw func(r runtime.Info, prefix string, last, top bool)
+	draw = func(r runtime.Info, prefix string, last, top bool) {
+		branch, next := "├── ", "│   "
+		if last {
+			branch, next = "└── ", "    "
+		}
+		if top {
+			branch, next = "", ""
+		}
+		label := r.ID
+		if r.Name != "" {
+			label += " (" + r.Name + ")"
+		}
+		orphan := ""
+		if top && r.Parent != "" {
+			orphan = "  [parent " + r.Parent + " deleted]"
+		}
+		fmt.Printf("%s%s%s  %s  %s%s\n", prefix, branch, label, r.State, humanBytes(r.MemoryBytes), orphan)
+		ks := kids[r.ID]
+		sort.Slice(ks, func(i, j int) bool { return ks[i].Created.Before(ks[j].Created) })
+		for i, k := range ks {
+			draw(k, prefix+next, i == len(ks)-1, false)
+		}
+	}
+	for _, r := range roots {
+		draw(r, "", true, true)
+	}
+	return nil
+}
+
+type statsCmd struct {
+	Container string `arg:"" help:"Name, id or unique id prefix."`
+	CSV       bool   `help:"Print one CSV row (with a header)."`
+	JSON      bool   `help:"Print JSON."`
+}
+
+type containerStats struct {
+	runtime.Info
+	Rss         uint64             `json:"rss_bytes"`
+	Cache       uint64             `json:"cache_bytes"`
+	Kmem        uint64             `json:"kmem_bytes"`
+	MappedFile  uint64             `json:"mapped_file_bytes"`
+	Family      string             `json:"family,omitempty"`
+	FamilyBytes int64              `json:"family_bytes"`
+	Snapshot    *stage.Snapshot    `json:"snapshot,omitempty"`
+	Timings     map[string]float64 `json:"timings_ms,omitempty"`
+}
+
+func (c *statsCmd) Run(g *Globals) error {
+	rt, err := g.open()
+	if err != nil {
+		return err
+	}
+	ct, err := rt.Tree.Resolve(c.Container)
+	if err != nil {
+		return err
+	}
+	st := containerStats{Info: rt.Inspect(ct), Family: ct.Family, Timings: ct.Timings}
+	if cg, err := runtime.Cgroup(ct); err == nil {
+		if s, err := cg.Stats(); err == nil {
+			st.Rss, st.Cache, st.Kmem, st.MappedFile = s.Rss, s.Cache, s.Kmem, s.MappedFile
+		}
+	}
+	if ct.Family != "" {
+		st.FamilyBytes = fork.FamilyBytes(ct.Family)
+	}
+	if ct.State == tree.StateStopped {
+		st.Snapshot, _ = fork.LoadSnapshot(ct.Snapshot)
+	}
+	switch {
+	case c.JSON:
+		return printJSON(st)
+	case c.CSV:
+		w := csv.NewWriter(os.Stdout)
+		keys := []string{"dump_ms", "frozen_ms", "memfile_ms", "restore_ms"}
+		head := []string{"id", "name", "state", "parent", "depth", "pid", "procs", "memory_bytes", "rss_bytes", "cache_bytes", "kmem_bytes", "mapped_file_bytes", "family", "family_bytes"}
+		row := []string{st.ID, st.Name, st.State, st.Parent, strconv.Itoa(st.Depth), strconv.Itoa(st.Pid), strconv.Itoa(st.Procs),
+			fmt.Sprint(st.MemoryBytes), fmt.Sprint(st.Rss), fmt.Sprint(st.Cache), fmt.Sprint(st.Kmem), fmt.Sprint(st.MappedFile), st.Family, fmt.Sprint(st.FamilyBytes)}
+		for _, k := range keys {
+			head = append(head, k)
+			row = append(row, strconv.FormatFloat(st.Timings[k], 'f', 1, 64))
+		}
+		_ = w.Write(head)
+		_ = w.Write(row)
+		w.Flush()
+		return w.Error()
+	}
+	fmt.Printf("%s  %s  %s  depth %d  pid %d  procs %d\n", st.ID, dash(st.Name), st.State, st.Depth, st.Pid, st.Procs)
+	fmt.Printf("memory (cgroup)   %s  (rss %s, cache %s, kmem %s; mapped from files %s)\n",
+		humanBytes(st.MemoryBytes), humanBytes(int64(st.Rss)), humanBytes(int64(st.Cache)), humanBytes(int64(st.Kmem)), humanBytes(int64(st.MappedFile)))
+	if st.Family != "" {
+		fmt.Printf("family memory     %s in %s (shared by the family, on tmpfs)\n", humanBytes(st.FamilyBytes), st.Family)
+	}
+	for _, k := range []string{"dump_ms", "frozen_ms", "memfile_ms", "restore_ms"} {
+		if v, ok := st.Timings[k]; ok {
+			fmt.Printf("%-17s %.1f ms\n", strings.TrimSuffix(k, "_ms"), v)
+		}
+	}
+	if st.Snapshot != nil && st.Snapshot.Memfile != nil {
+		fmt.Printf("snapshot          %s: %d pages in image, %d in memory files, %d files\n", st.Snapshot.ID,
+			st.Snapshot.Memfile.PagesKept, st.Snapshot.Memfile.PagesMoved, st.Snapshot.Memfile.Files)
+	}
+	return nil
+}
+
+type gcCmd struct{}
+
+func (gcCmd) Run(g *Globals) error {
+	rt, err := g.open()
+	if err != nil {
+		return err
+	}
+	return fork.GC(rt)
+}

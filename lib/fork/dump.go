@@ -1,0 +1,200 @@
+// Package fork is the fork pipeline: dump a running container with CRIU (Dump), move the
+// image's memory into the family's memory files on tmpfs (Memfile), restore it as N new
+// containers (Restore); plus stop/start and the reference counting of memory files and
+// frozen layers (GC). The stage binaries and the porcelain both call these functions.
+package fork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/criu"
+	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// memKey names the /.lazyfork/mem bind in CRIU images (an external mount).
+const memKey = "lfmem"
+
+// Deadlines for CRIU calls: it can hang with all signals blocked, so every call ends.
+var (
+	DumpTimeout    = 2 * time.Minute
+	RestoreTimeout = time.Minute
+)
+
+// ErrAllocator refuses a workload whose allocator relies on MADV_DONTNEED zero-fill.
+var ErrAllocator = errors.New("unsupported allocator")
+
+// DumpOptions tune a dump.
+type DumpOptions struct {
+	Exit  bool // end the source after the dump (lazyfork stop)
+	Force bool // dump even if an unsupported allocator is mapped
+}
+
+// LayersDir holds the frozen upper layers forks stack on.
+func LayersDir() string { return filepath.Join(paths.Root(), "layers") }
+
+func kdatDir() string { return criu.DefaultKdatDir() }
+
+// Dump checkpoints c's whole process tree and freezes its upper layer at the same
+// instant. The source keeps running unless o.Exit.
+func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOptions) (_ *stage.Snapshot, retErr error) {
+	name := displayName(c)
+	switch st := rt.State(c); st {
+	case tree.StateRunning:
+	case tree.StateFrozen:
+		return nil, fmt.Errorf("dump %s: it is frozen by the user; run `lazyfork thaw %s` first", name, name)
+	case tree.StateStopped:
+		return nil, fmt.Errorf("dump %s: it is stopped; its snapshot %s is already restorable (`lazyfork fork %s` or `lazyfork start %s`)", name, c.Snapshot, name, name)
+	default:
+		return nil, fmt.Errorf("dump %s: it is %s; only a running container can be dumped", name, st)
+	}
+	cg, err := runtime.Cgroup(c)
+	if err != nil {
+		return nil, fmt.Errorf("dump %s: %w", name, err)
+	}
+	if !o.Force {
+		if libs := liveAllocators(cg); len(libs) > 0 {
+			return nil, fmt.Errorf("dump %s: %w %s: it relies on MADV_DONTNEED returning zeros, which memory files do not; use glibc malloc, or --force to fork anyway", name, ErrAllocator, strings.Join(libs, ", "))
+		}
+	}
+
+	id := newSnapshotID()
+	s := &stage.Snapshot{
+		Kind: stage.KindSnapshot, Version: stage.Version, ID: id, State: stage.SnapDumping,
+		Dir: filepath.Join(paths.Snapshots(), id), Created: time.Now().UTC(),
+		Source:      stage.Source{ID: c.ID, Name: c.Name, Depth: c.Depth, Pid: c.Pid},
+		LeftRunning: !o.Exit,
+		Family:      c.Family,
+		Layer:       filepath.Join(LayersDir(), id),
+		Image:       c.Image, Command: c.Command, Env: c.Env, WorkingDir: c.WorkingDir, Hook: c.Hook,
+	}
+	if s.Family == "" {
+		s.Family = id // a root container's first generation of forks starts a family
+	}
+	s.FamilyDir = filepath.Join(paths.Families(), s.Family)
+	s.ImagesDir = filepath.Join(s.Dir, "images")
+	s.Lower = append([]string{s.Layer}, c.Lower...)
+
+	if err := os.MkdirAll(s.ImagesDir, 0o700); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", name, err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = fsutil.RemoveAll(s.Dir)
+			_ = fsutil.RemoveAll(s.Layer)
+		}
+	}()
+	// The record exists before anything it references, so GC never sees an orphan.
+	if err := Save(s); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(LayersDir(), 0o700); err != nil {
+		return nil, err
+	}
+
+	var layerTime time.Duration
+	res, err := criu.Dump(ctx, criu.DumpOptions{
+		Pid:            c.Pid,
+		ImagesDir:      s.ImagesDir,
+		LeaveRunning:   !o.Exit,
+		FreezeCgroup:   cg.FreezerDir(),
+		ExternalMounts: map[string]string{runtime.MemMount: memKey},
+		Timeout:        DumpTimeout,
+		KdatDir:        kdatDir(),
+		Notify: func(script string, _ int) error {
+			if script != "post-dump" {
+				return nil
+			}
+			// The tasks are still frozen: the file system copy matches the memory image
+			// (CRIU checks open files by size on restore).
+			t := time.Now()
+			err := copyTree(c.Upper, s.Layer)
+			layerTime = time.Since(t)
+			return err
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dump %s: %w", name, err)
+	}
+	s.State = stage.SnapDumped
+	s.Dump = stage.DumpStats{
+		WallMs: stage.Ms(res.Wall), FrozenMs: stage.Ms(res.Frozen), LayerMs: stage.Ms(layerTime),
+		PagesWritten: res.PagesWritten, PagesScanned: res.PagesScanned, ImageBytes: dirBytes(s.ImagesDir),
+	}
+	if err := Save(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// copyTree copies an overlay upper directory with everything overlayfs keeps in it
+// (whiteout devices, opaque xattrs, ownership, hard links).
+func copyTree(src, dst string) error {
+	out, err := exec.Command("cp", "-a", "--one-file-system", src, dst).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("freeze layer: cp %s: %v: %s", src, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// liveAllocators looks for allocators that assume MADV_DONTNEED zero-fill in the maps of
+// every process of the container.
+func liveAllocators(cg *cgroup.Cgroup) []string {
+	pids, err := cg.Procs()
+	if err != nil {
+		return nil
+	}
+	found := map[string]bool{}
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 6 {
+				continue
+			}
+			base := filepath.Base(f[5])
+			for _, a := range []string{"libjemalloc", "libmimalloc", "libtcmalloc"} {
+				if strings.HasPrefix(base, a) {
+					found[a] = true
+				}
+			}
+		}
+	}
+	var out []string
+	for a := range found {
+		out = append(out, a)
+	}
+	return out
+}
+
+func dirBytes(dir string) int64 {
+	var n int64
+	_ = filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
+
+func displayName(c *tree.Container) string {
+	if c.Name != "" {
+		return c.Name
+	}
+	return c.ID
+}

@@ -1,0 +1,114 @@
+package fork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/lazyfork/lazyfork/lib/overlay"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// Options for Fork: the union of the stages' options.
+type Options struct {
+	RestoreOptions
+	Force bool
+}
+
+// Fork runs the whole pipeline on a container: dump it (it keeps running), move the
+// memory into files, restore N forks, drop the transient snapshot. A stopped container
+// is forked straight from the snapshot it was stopped into.
+func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options) ([]stage.Fork, *stage.Snapshot, error) {
+	if c.State == tree.StateStopped {
+		s, err := LoadSnapshot(c.Snapshot)
+		if err != nil {
+			return nil, nil, fmt.Errorf("fork %s: %w", displayName(c), err)
+		}
+		forks, err := Restore(ctx, rt, s, o.RestoreOptions)
+		return forks, s, err
+	}
+	// Names are checked before the source is touched.
+	for _, n := range o.Names {
+		if err := tree.ValidateName(n); err != nil {
+			return nil, nil, err
+		}
+		if err := rt.Tree.CheckNameFree(n); err != nil {
+			return nil, nil, err
+		}
+	}
+	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		_ = RemoveSnapshot(s)
+		_ = GC(rt)
+	}()
+	if s, err = Memfile(ctx, s, MemfileOptions{Force: o.Force}); err != nil {
+		return nil, nil, err
+	}
+	forks, err := Restore(ctx, rt, s, o.RestoreOptions)
+	return forks, s, err
+}
+
+// Stop snapshots c and ends its processes. It keeps no process memory (its memory is in
+// the family files), stays forkable, and Start brings it back from the snapshot.
+func Stop(ctx context.Context, rt *runtime.Runtime, c *tree.Container) (*stage.Snapshot, error) {
+	s, err := Dump(ctx, rt, c, DumpOptions{Exit: true})
+	if err != nil {
+		return nil, err
+	}
+	// The processes are gone now: from here on the snapshot is the container.
+	if m, err := Memfile(ctx, s, MemfileOptions{}); err == nil {
+		s = m
+	} // else the plain CRIU image still restores; Start copes with both
+	var errs []error
+	if cg, err := runtime.Cgroup(c); err == nil {
+		errs = append(errs, cg.Kill(), cg.Remove())
+	}
+	errs = append(errs, overlay.Unmount(c.RootFS))
+	c.State, c.Snapshot, c.Pid, c.StartTime = tree.StateStopped, s.ID, 0, 0
+	errs = append(errs, rt.Tree.Put(c))
+	if err := errors.Join(errs...); err != nil {
+		return s, fmt.Errorf("stop %s: %w", displayName(c), err)
+	}
+	return s, nil
+}
+
+// Start restores a stopped container from its snapshot, in place: same id, name and
+// upper layer.
+func Start(ctx context.Context, rt *runtime.Runtime, c *tree.Container) (retErr error) {
+	if c.State != tree.StateStopped {
+		return fmt.Errorf("start %s: it is %s, not stopped", displayName(c), rt.State(c))
+	}
+	s, err := LoadSnapshot(c.Snapshot)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", displayName(c), err)
+	}
+	if err := checkRestorable(s); err != nil {
+		return err
+	}
+	saved := *c
+	defer func() {
+		if retErr != nil {
+			if cg, err := runtime.Cgroup(c); err == nil {
+				_ = cg.Kill()
+				_ = cg.Remove()
+			}
+			_ = overlay.Unmount(c.RootFS)
+			*c = saved
+		}
+	}()
+	c.Family, c.MemDir = s.Family, s.FamilyDir
+	if err := start(ctx, rt, c, s, c.Upper); err != nil {
+		return fmt.Errorf("start %s: %w", displayName(c), err)
+	}
+	c.Snapshot = ""
+	if err := rt.Tree.Put(c); err != nil {
+		return err
+	}
+	_ = RemoveSnapshot(s)
+	return GC(rt)
+}

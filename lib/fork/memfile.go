@@ -1,0 +1,110 @@
+package fork
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/lib/memfile"
+	"github.com/lazyfork/lazyfork/lib/stage"
+)
+
+// RebaseFraction: a fork's snapshot whose own pages exceed this fraction of the family's
+// shared pages is rebased (fresh memory files of base + delta) instead of stacking.
+const RebaseFraction = 0.25
+
+// MemfileOptions tune the rewrite.
+type MemfileOptions struct {
+	Force bool // rewrite even when an unsupported allocator is mapped
+	// NoFilePrivate keeps copied-on-write pages of libraries in the image (the per-fork
+	// floor is then ~1.5-2.4 MB instead of under 1 MB).
+	NoFilePrivate bool
+	// Rebase forces (true) a rebase; nil decides by RebaseFraction.
+	Rebase *bool
+}
+
+// Memfile moves a dumped snapshot's memory into its family's memory files on tmpfs.
+func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.Snapshot, error) {
+	if s.State != stage.SnapDumped {
+		return nil, fmt.Errorf("memfile %s: snapshot is %s, not dumped (lf-memfile takes the output of lf-dump)", s.ID, s.State)
+	}
+	if err := os.MkdirAll(s.FamilyDir, 0o755); err != nil {
+		return nil, fmt.Errorf("memfile %s: %w", s.ID, err)
+	}
+	// Libraries' original bytes are read through a read-only overlay of the snapshot's
+	// own layer stack, so the rewrite does not depend on the source still existing.
+	root := filepath.Join(s.Dir, "rootfs")
+	if err := mountReadOnlyStack(s.Lower, root); err != nil {
+		return nil, fmt.Errorf("memfile %s: %w", s.ID, err)
+	}
+	defer func() {
+		_ = unix.Unmount(root, unix.MNT_DETACH)
+		_ = os.Remove(root)
+	}()
+	rebase := false
+	if o.Rebase != nil {
+		rebase = *o.Rebase
+	} else if s.Source.Depth > 0 {
+		shared := allocatedPages(s.FamilyDir)
+		rebase = shared > 0 && float64(s.Dump.PagesWritten) > RebaseFraction*float64(shared)
+	}
+	res, err := memfile.Rewrite(ctx, memfile.Options{
+		ImagesDir:          s.ImagesDir,
+		FamilyDir:          s.FamilyDir,
+		MountPath:          memfile.DefaultMountPath,
+		RootFS:             root,
+		ConvertFilePrivate: !o.NoFilePrivate,
+		Prefix:             s.ID,
+		Rebase:             rebase,
+		AllowAllocators:    o.Force,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("memfile %s: %w", s.ID, err)
+	}
+	s.State = stage.SnapMemfiled
+	s.Memfile = &stage.MemfileStats{
+		Files: len(res.Files), VMAsConverted: res.VMAsConverted, FileVMAsConverted: res.FileVMAsConverted,
+		PagesMoved: res.PagesMoved, PagesKept: res.PagesKept, SharedPages: res.SharedPages,
+		DeltaPages: res.DeltaPages, Rebased: res.VMAsRebased > 0, BytesWritten: res.BytesWritten,
+		Ms: stage.Ms(res.Duration), MBPerSec: res.MBPerSec,
+	}
+	if err := Save(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func mountReadOnlyStack(lower []string, target string) error {
+	if err := os.MkdirAll(target, 0o700); err != nil {
+		return err
+	}
+	// Two or more lower dirs and no upper make a read-only overlay; one needs a bind.
+	if len(lower) == 1 {
+		return unix.Mount(lower[0], target, "", unix.MS_BIND|unix.MS_RDONLY, "")
+	}
+	opts := "lowerdir=" + strings.Join(lower, ":")
+	if err := unix.Mount("overlay", target, "overlay", unix.MS_RDONLY, opts); err != nil {
+		os.Remove(target)
+		return fmt.Errorf("mount layer stack: %w", err)
+	}
+	return nil
+}
+
+// allocatedPages counts the pages a family's files hold in RAM.
+func allocatedPages(dir string) int64 {
+	ents, _ := os.ReadDir(dir)
+	var n int64
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512 / 4096
+			}
+		}
+	}
+	return n
+}

@@ -1,0 +1,245 @@
+package fork
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/criu"
+	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/overlay"
+	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// RestoreOptions tune a batch of forks.
+type RestoreOptions struct {
+	N     int      // how many forks
+	Names []string // optional names, one per fork (fewer is fine)
+	// Parallel bounds concurrent restores; 0 means the number of CPUs (restores are
+	// CPU-bound, more only queue).
+	Parallel int
+	// OnFork is called as each fork starts running (progress, JSON lines).
+	OnFork func(stage.Fork)
+}
+
+// Restore makes o.N forks of a memfiled snapshot. Every fork is a new container with its
+// own namespaces, cgroup, overlay upper and hostname, sharing the family memory files.
+// When any fork fails the whole batch is undone and the first error returned.
+func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o RestoreOptions) ([]stage.Fork, error) {
+	switch s.State {
+	case stage.SnapMemfiled:
+	case stage.SnapDumped:
+		// A plain CRIU image: every fork gets a full copy of the memory (the baseline
+		// LazyFork is measured against).
+		if err := os.MkdirAll(s.FamilyDir, 0o755); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("restore %s: snapshot is %s; run lf-dump again", s.ID, s.State)
+	}
+	if o.N <= 0 {
+		return nil, fmt.Errorf("restore %s: -n must be at least 1", s.ID)
+	}
+	if len(o.Names) > o.N {
+		return nil, fmt.Errorf("restore %s: %d names for %d forks", s.ID, len(o.Names), o.N)
+	}
+	for _, n := range o.Names {
+		if err := tree.ValidateName(n); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkRestorable(s); err != nil {
+		return nil, err
+	}
+	par := o.Parallel
+	if par <= 0 {
+		par = goruntime.NumCPU()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu    sync.Mutex
+		forks = make([]*tree.Container, o.N)
+		out   = make([]stage.Fork, o.N)
+		errs  []error
+		wg    sync.WaitGroup
+		sem   = make(chan struct{}, par)
+	)
+	for i := 0; i < o.N; i++ {
+		name := ""
+		if i < len(o.Names) {
+			name = o.Names[i]
+		}
+		wg.Add(1)
+		go func(i int, name string) {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			defer func() { <-sem }()
+			if ctx.Err() != nil {
+				return
+			}
+			c, f, err := restoreOne(ctx, rt, s, name)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				cancel()
+				return
+			}
+			forks[i], out[i] = c, f
+			if o.OnFork != nil {
+				o.OnFork(f)
+			}
+		}(i, name)
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil && len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("restore %s: %w", s.ID, context.Cause(ctx)))
+	}
+	if len(errs) > 0 {
+		// All or nothing: a batch that failed half-way leaves no forks.
+		for _, c := range forks {
+			if c != nil {
+				_ = rt.Delete(c)
+			}
+		}
+		return nil, errs[0]
+	}
+	return out, nil
+}
+
+// checkRestorable fails early, with the fix, when what forks need is gone.
+func checkRestorable(s *stage.Snapshot) error {
+	if _, err := os.Stat(filepath.Join(s.ImagesDir, "inventory.img")); err != nil {
+		return fmt.Errorf("restore %s: its CRIU image %s is gone; take a new snapshot with lf-dump", s.ID, s.ImagesDir)
+	}
+	if _, err := os.Stat(s.FamilyDir); err != nil {
+		return fmt.Errorf("restore %s: its memory files %s are gone; take a new snapshot with lf-dump", s.ID, s.FamilyDir)
+	}
+	for _, l := range s.Lower {
+		if _, err := os.Stat(l); err != nil {
+			return fmt.Errorf("restore %s: its file system layer %s is gone; take a new snapshot with lf-dump", s.ID, l)
+		}
+	}
+	return nil
+}
+
+func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, name string) (_ *tree.Container, _ stage.Fork, retErr error) {
+	begin := time.Now()
+	c, err := rt.Reserve(name, func(c *tree.Container) error {
+		c.Image, c.Command, c.Env, c.WorkingDir, c.Hook = s.Image, s.Command, s.Env, s.WorkingDir, s.Hook
+		c.Parent, c.Depth = s.Source.ID, s.Source.Depth+1
+		c.Lower = s.Lower
+		c.Family, c.MemDir = s.Family, s.FamilyDir
+		return nil
+	})
+	if err != nil {
+		return nil, stage.Fork{}, err
+	}
+	defer func() {
+		if retErr != nil {
+			_ = rt.Delete(c)
+		}
+	}()
+	if err := start(ctx, rt, c, s, c.Upper); err != nil {
+		return nil, stage.Fork{}, err
+	}
+	restoreMs := stage.Ms(time.Since(begin))
+	c.Timings = map[string]float64{"dump_ms": s.Dump.WallMs, "frozen_ms": s.Dump.FrozenMs, "restore_ms": restoreMs}
+	if s.Memfile != nil {
+		c.Timings["memfile_ms"] = s.Memfile.Ms
+	}
+	if err := rt.Tree.Put(c); err != nil {
+		return nil, stage.Fork{}, err
+	}
+	return c, stage.Fork{
+		Kind: stage.KindFork, Version: stage.Version, ID: c.ID, Name: c.Name, Parent: c.Parent,
+		Depth: c.Depth, Pid: c.Pid, Hostname: c.Hostname, Snapshot: s.ID, Family: c.Family,
+		RestoreMs: restoreMs,
+	}, nil
+}
+
+// start mounts c's overlay (lower = the snapshot's stack, the given upper), makes its
+// cgroup and restores the snapshot into them. The caller undoes a failure with Delete.
+func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper string) error {
+	layer := overlay.Layer{Lower: c.Lower, Upper: upper, Work: c.Work, Target: c.RootFS}
+	if err := overlay.Prepare(layer); err != nil {
+		return fmt.Errorf("fork %s: %w", c.ID, err)
+	}
+	cg, err := cgroup.Create(c.ID, rt.CgroupParent)
+	if err != nil {
+		return fmt.Errorf("fork %s: %w", c.ID, err)
+	}
+	c.Cgroup, c.CgroupV2 = cg.Paths, cg.V2
+	work := filepath.Join(paths.Run(), "work", c.ID)
+	defer fsutil.RemoveAll(work)
+	res, err := criu.Restore(ctx, criu.RestoreOptions{
+		ImagesDir:      s.ImagesDir,
+		WorkDir:        work,
+		Root:           c.RootFS,
+		CgroupRoots:    cg.CriuRootArgs(),
+		ExternalMounts: map[string]string{memKey: s.FamilyDir},
+		Timeout:        RestoreTimeout,
+		KdatDir:        kdatDir(),
+		Notify: func(script string, pid int) error {
+			// CRIU restores the source's UTS namespace; rename it before the tasks resume
+			// so the workload never sees its parent's hostname.
+			if script == "post-restore" && pid > 0 {
+				return setHostname(pid, c.Hostname)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("fork %s from %s: %w", c.ID, s.ID, err)
+	}
+	// Reap the restored init if we live long enough (tests, daemon).
+	go func() { _, _ = res.Process.Wait() }()
+	c.Pid = res.Pid
+	c.StartTime, err = runtime.StartTime(res.Pid)
+	if err != nil {
+		return fmt.Errorf("fork %s: restored pid %d: %w", c.ID, res.Pid, err)
+	}
+	c.State = tree.StateRunning
+	c.Owner = 0
+	return nil
+}
+
+// setHostname sets the hostname of pid's UTS namespace from a locked OS thread that is
+// thrown away afterwards (it keeps the foreign namespace).
+func setHostname(pid int, name string) error {
+	errc := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/uts", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWUTS); err != nil {
+			errc <- err
+			return
+		}
+		errc <- unix.Sethostname([]byte(name))
+	}()
+	if err := <-errc; err != nil {
+		return fmt.Errorf("set hostname of %d: %w", pid, err)
+	}
+	return nil
+}
+

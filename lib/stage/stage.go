@@ -1,0 +1,128 @@
+// Package stage defines the JSON documents the pipeline stages exchange on stdin and
+// stdout (lf-dump | lf-memfile | lf-restore). Each carries a kind and a version; readers
+// reject other versions. Fields are only ever added, never renamed. docs/stages.md
+// describes them for users.
+package stage
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+)
+
+const (
+	KindSnapshot = "lazyfork.snapshot"
+	KindFork     = "lazyfork.fork"
+	Version      = 1
+)
+
+// Snapshot states, in pipeline order.
+const (
+	SnapDumping  = "dumping"
+	SnapDumped   = "dumped"   // CRIU image written, memory still in the image
+	SnapMemfiled = "memfiled" // memory moved into the family's memory files: restorable as forks
+)
+
+// Source names the container a snapshot was taken of.
+type Source struct {
+	ID    string `json:"id"`
+	Name  string `json:"name,omitempty"`
+	Depth int    `json:"depth"`
+	Pid   int    `json:"pid"`
+}
+
+// Snapshot is printed by lf-dump (state "dumped") and lf-memfile (state "memfiled"),
+// read by lf-memfile and lf-restore, and kept as snapshot.json in the snapshot directory.
+type Snapshot struct {
+	Kind      string    `json:"kind"`
+	Version   int       `json:"version"`
+	ID        string    `json:"id"`
+	State     string    `json:"state"`
+	Dir       string    `json:"dir"`        // snapshot directory on tmpfs
+	ImagesDir string    `json:"images_dir"` // the CRIU image (read-only once memfiled)
+	Created   time.Time `json:"created"`
+	Source    Source    `json:"source"`
+	// LeftRunning is false when the dump ended the source (lf-dump --exit, lazyfork stop).
+	LeftRunning bool `json:"left_running"`
+
+	// Family is the set of memory files this snapshot's forks map; FamilyDir holds them
+	// on tmpfs and is bound read-only at /.lazyfork/mem in every fork.
+	Family    string `json:"family"`
+	FamilyDir string `json:"family_dir"`
+	// Layer is the source's upper directory frozen at the dump; Lower is the full
+	// read-only stack a fork mounts under its own upper (top-most first, Layer first).
+	Layer string   `json:"layer"`
+	Lower []string `json:"lower"`
+
+	// What a fork runs, copied from the source's record.
+	Image      string   `json:"image"`
+	Command    []string `json:"command"`
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	Hook       string   `json:"hook,omitempty"`
+
+	Dump    DumpStats     `json:"dump"`
+	Memfile *MemfileStats `json:"memfile,omitempty"`
+}
+
+// DumpStats are lf-dump's measurements.
+type DumpStats struct {
+	WallMs       float64 `json:"wall_ms"`
+	FrozenMs     float64 `json:"frozen_ms"` // how long the source's tasks were stopped
+	LayerMs      float64 `json:"layer_ms"`  // copying the upper while frozen
+	PagesWritten uint64  `json:"pages_written"`
+	PagesScanned uint64  `json:"pages_scanned"`
+	ImageBytes   int64   `json:"image_bytes"`
+}
+
+// MemfileStats are lf-memfile's measurements.
+type MemfileStats struct {
+	Files             int     `json:"files"`
+	VMAsConverted     int     `json:"vmas_converted"`
+	FileVMAsConverted int     `json:"file_vmas_converted"`
+	PagesMoved        int64   `json:"pages_moved"`
+	PagesKept         int64   `json:"pages_kept"`
+	SharedPages       int64   `json:"shared_pages"`
+	DeltaPages        int64   `json:"delta_pages"`
+	Rebased           bool    `json:"rebased"`
+	BytesWritten      int64   `json:"bytes_written"`
+	Ms                float64 `json:"ms"`
+	MBPerSec          float64 `json:"mb_per_sec"`
+}
+
+// Fork is one line printed by lf-restore per fork.
+type Fork struct {
+	Kind      string  `json:"kind"`
+	Version   int     `json:"version"`
+	ID        string  `json:"id"`
+	Name      string  `json:"name,omitempty"`
+	Parent    string  `json:"parent"`
+	Depth     int     `json:"depth"`
+	Pid       int     `json:"pid"`
+	Hostname  string  `json:"hostname"`
+	Snapshot  string  `json:"snapshot"`
+	Family    string  `json:"family"`
+	RestoreMs float64 `json:"restore_ms"`
+}
+
+// ReadSnapshot decodes a snapshot document and checks its kind and version.
+func ReadSnapshot(r io.Reader) (*Snapshot, error) {
+	var s Snapshot
+	if err := json.NewDecoder(r).Decode(&s); err != nil {
+		if err == io.EOF {
+			return nil, fmt.Errorf("read snapshot JSON: no input (pipe in the output of lf-dump or lf-memfile, or pass a snapshot directory)")
+		}
+		return nil, fmt.Errorf("read snapshot JSON: %w", err)
+	}
+	if s.Kind != KindSnapshot {
+		return nil, fmt.Errorf("read snapshot JSON: kind %q is not %q (pipe in the output of lf-dump or lf-memfile)", s.Kind, KindSnapshot)
+	}
+	if s.Version != Version {
+		return nil, fmt.Errorf("read snapshot JSON: version %d not supported (want %d)", s.Version, Version)
+	}
+	return &s, nil
+}
+
+// Ms converts a duration to milliseconds for the JSON documents.
+func Ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
