@@ -64,6 +64,15 @@ func Stop(ctx context.Context, rt *runtime.Runtime, c *tree.Container) (*stage.S
 	if m, err := Memfile(ctx, s, MemfileOptions{}); err == nil {
 		s = m
 	} // else the plain CRIU image still restores; Start copes with both
+	if err := MarkStopped(rt, c, s); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// MarkStopped records that c was dumped with its processes ended: its cgroup goes, its
+// root is unmounted (the upper stays), and the snapshot becomes what it restarts from.
+func MarkStopped(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) error {
 	var errs []error
 	if cg, err := runtime.Cgroup(c); err == nil {
 		errs = append(errs, cg.Kill(), cg.Remove())
@@ -72,9 +81,9 @@ func Stop(ctx context.Context, rt *runtime.Runtime, c *tree.Container) (*stage.S
 	c.State, c.Snapshot, c.Pid, c.StartTime = tree.StateStopped, s.ID, 0, 0
 	errs = append(errs, rt.Tree.Put(c))
 	if err := errors.Join(errs...); err != nil {
-		return s, fmt.Errorf("stop %s: %w", displayName(c), err)
+		return fmt.Errorf("stop %s: %w", displayName(c), err)
 	}
-	return s, nil
+	return nil
 }
 
 // Start restores a stopped container from its snapshot, in place: same id, name and
