@@ -14,6 +14,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 )
@@ -25,6 +26,7 @@ type cli struct {
 }
 
 func main() {
+	criu.MaybeKdatHelper()
 	var c cli
 	kong.Parse(&c, kong.Name("lf-dump"), kong.Description("Checkpoint a running container (CRIU) and freeze its file system layer; prints snapshot JSON."))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -28,6 +29,7 @@ type cli struct {
 }
 
 func main() {
+	criu.MaybeKdatHelper()
 	var c cli
 	kong.Parse(&c, kong.Name("lf-restore"), kong.Description("Restore a snapshot as N forks; prints one JSON line per fork."))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -54,7 +56,9 @@ func run(ctx context.Context, c cli) error {
 	}
 	// Lines are printed only once the whole batch stands: a failed batch is undone.
 	forks, err := fork.Restore(ctx, rt, s, fork.RestoreOptions{N: c.N, Names: c.Name, Parallel: c.Parallel,
-		OnFork: func(f stage.Fork) { fmt.Fprintf(os.Stderr, "fork %s running (pid %d, %.0f ms)\n", f.ID, f.Pid, f.RestoreMs) }})
+		OnFork: func(f stage.Fork) {
+			fmt.Fprintf(os.Stderr, "fork %s running (pid %d, %.0f ms)\n", f.ID, f.Pid, f.RestoreMs)
+		}})
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 )
 
@@ -45,6 +46,7 @@ type CLI struct {
 }
 
 func main() {
+	criu.MaybeKdatHelper()
 	runtime.MaybeInit()
 	runtime.MaybeCgexec()
 

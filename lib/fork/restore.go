@@ -242,4 +242,3 @@ func setHostname(pid int, name string) error {
 	}
 	return nil
 }
-

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -87,6 +88,9 @@ func Unmount(target string) error {
 			errs = append(errs, fmt.Errorf("unmount %s: %w", mp, err))
 		}
 	}
+	if left := fsutil.MountsUnder(target); len(left) > 0 && len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("unmount %s: still mounted: %v", target, left))
+	}
 	return errors.Join(errs...)
 }
 
@@ -96,6 +100,15 @@ func Teardown(l Layer) error {
 		return err
 	}
 	var errs []error
+	// The mount point stays busy for a moment after the container's last process died:
+	// the kernel tears its mount namespace down asynchronously.
+	for i := 0; i < 60; i++ {
+		err := os.Remove(l.Target)
+		if err == nil || errors.Is(err, os.ErrNotExist) || !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	for _, d := range []string{l.Target, l.Work, l.Upper} {
 		if d == "" {
 			continue

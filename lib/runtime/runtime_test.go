@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/fsutil"
-	"github.com/lazyfork/lazyfork/lib/image"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -23,53 +22,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-const defaultImage = "lazyfork/debian:bookworm"
+const defaultImage = testutil.DefaultImage
 
-// newRuntime gives each test its own container tree and tmpfs dir, sharing the machine's
-// image store (the default image is built by `make image`).
-func newRuntime(t *testing.T) *runtime.Runtime {
-	t.Helper()
-	testutil.RequireRoot(t)
-	run, err := os.MkdirTemp("/dev/shm", "lazyfork-test-run-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("LAZYFORK_RUN", run)
-	t.Cleanup(func() { _ = fsutil.RemoveAll(run) })
-	imgs, err := image.Open(filepath.Join(imageRoot(), "images"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := imgs.Resolve(defaultImage); err != nil {
-		t.Fatalf("default image missing (run `make image`): %v", err)
-	}
-	treeDir := t.TempDir()
-	ts, err := tree.Open(treeDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt := &runtime.Runtime{Tree: ts, Images: imgs, Exe: exe, CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT")}
-	t.Cleanup(func() {
-		all, _ := ts.List()
-		for _, c := range all {
-			if err := rt.Delete(c); err != nil {
-				t.Errorf("cleanup: %v", err)
-			}
-		}
-	})
-	return rt
-}
-
-func imageRoot() string {
-	if r := os.Getenv("LAZYFORK_ROOT"); r != "" {
-		return r
-	}
-	return "/var/lib/lazyfork"
-}
+func newRuntime(t *testing.T) *runtime.Runtime { return testutil.NewRuntime(t) }
 
 var counter = []string{"python3", "-c", "import itertools, time; [print(i, flush=True) or time.sleep(0.2) for i in itertools.count()]"}
 

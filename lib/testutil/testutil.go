@@ -4,8 +4,15 @@ package testutil
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/image"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 // RequireRoot skips a test that needs root, or fails it where privileged tests must run
@@ -31,4 +38,60 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// DefaultImage is the offline image `make image` builds; privileged tests run on it.
+const DefaultImage = "lazyfork/debian:bookworm"
+
+// NewRuntime gives a test its own container tree, tmpfs state and persistent root, while
+// sharing the machine's image store (the default image is built by `make image`).
+// Every container left at the end is deleted and the test fails if anything remains.
+func NewRuntime(t *testing.T) *runtime.Runtime {
+	t.Helper()
+	RequireRoot(t)
+	imageRoot := os.Getenv("LAZYFORK_ROOT")
+	if imageRoot == "" {
+		imageRoot = "/var/lib/lazyfork"
+	}
+	imgs, err := image.Open(filepath.Join(imageRoot, "images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := imgs.Resolve(DefaultImage); err != nil {
+		t.Fatalf("default image missing (run `make image`): %v", err)
+	}
+	run, err := os.MkdirTemp("/dev/shm", "lazyfork-test-run-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	t.Setenv("LAZYFORK_RUN", run)
+	t.Setenv("LAZYFORK_ROOT", root)
+	ts, err := tree.Open(filepath.Join(root, "containers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := &runtime.Runtime{Tree: ts, Images: imgs, Exe: exe, CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT")}
+	t.Cleanup(func() {
+		all, _ := ts.List()
+		for _, c := range all {
+			if err := rt.Delete(c); err != nil {
+				t.Errorf("cleanup: %v", err)
+				out, _ := exec.Command("sh", "-c", "for f in $(grep -l "+c.ID+" /proc/[0-9]*/mountinfo /proc/[0-9]*/task/*/mountinfo); do echo $f $(cat $(dirname $f)/comm) $(readlink $(dirname $f)/ns/mnt); grep "+c.ID+" $f; done; readlink /proc/self/ns/mnt").CombinedOutput()
+				t.Logf("%s", out)
+			}
+		}
+		if m := fsutil.MountsUnder(root); len(m) > 0 {
+			t.Errorf("mounts left under %s: %v", root, m)
+		}
+		if m := fsutil.MountsUnder(run); len(m) > 0 {
+			t.Errorf("mounts left under %s: %v", run, m)
+		}
+		_ = fsutil.RemoveAll(run)
+	})
+	return rt
 }

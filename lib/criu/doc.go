@@ -1,0 +1,39 @@
+// Package criu runs CRIU for LazyFork: dump a process tree, restore it, ask the version and
+// check the kernel. Every call starts its own `criu swrk` child, talks go-criu's rpc
+// protobufs over a close-on-exec SOCK_SEQPACKET socketpair (the child's end is fd 3), answers
+// CRIU's NOTIFY messages through an optional callback, and is bounded by a context deadline
+// that ends in SIGKILL of criu (it can hang with all signals blocked). go-criu's own client is
+// not used: it has no deadline and leaks its socket into concurrently started children.
+//
+//	Dump(ctx, DumpOptions) (*DumpResult, error)
+//	Restore(ctx, RestoreOptions) (*RestoreResult, error)
+//	Version(ctx) (major, minor, patch int, err error)
+//	Check(ctx) error
+//
+// Facts this package relies on (see shared/env/*.md):
+//   - criu always gets CRIU_FAULT=130 in its environment: hardware breakpoints do not work in
+//     some VMs and criu then hangs; the variable is harmless elsewhere.
+//   - Image and work directories are passed as fds. The log and the stats file are written to
+//     the work dir, so a restore with its own work dir leaves the image dir untouched and many
+//     restores of one image can run at once.
+//   - A call without a deadline in ctx and without Timeout gets DefaultTimeout.
+//
+// Restored processes: Restore sets rst_sibling, so the restored root task (the container's
+// init) is created with CLONE_PARENT and becomes a child of the calling process, not of criu.
+// The caller can therefore wait for it and collect its exit status (RestoreResult.Process);
+// if the caller exits first, it is reparented like any orphan (to the nearest child
+// subreaper or to PID 1), which reaps it. A caller that stays alive must Wait for it or it
+// stays a zombie after it exits. If a restore fails or times out after criu created the root
+// task, Restore kills and reaps that task itself. Restored roots must not rely on
+// PR_SET_PDEATHSIG: their parent is whoever called Restore.
+//
+// Kernel probe cache (KdatDir): criu probes the kernel on every start (~40-60 ms) and keeps
+// a cache only at /run/criu.kdat, and only when /run is a tmpfs. When KdatDir is set, /run is
+// not a tmpfs and the dumped tree has its own mount namespace, criu is started in a private
+// mount namespace (slave propagation, so nothing leaks back to the host) in which a
+// per-criu-binary subdirectory of KdatDir, which must be on a tmpfs, is bind-mounted over
+// /run. criu then loads and saves its cache there. The namespace dies with criu, so it also
+// takes any mounts a SIGKILLed criu left behind (cgroup yard, mount-namespace roots) with it.
+// It is skipped for trees that share the caller's mount namespace: criu would treat that
+// namespace as the tree's own and dump (or restore into) it.
+package criu

@@ -1,0 +1,140 @@
+package criu
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// KdatHelperArg is the hidden first argument with which a binary re-executes itself to
+// start criu inside a new mount namespace where the probe cache directory is bound over
+// /run. Doing this in a fresh process, not on a thread of the caller, keeps every thread of
+// a long-lived caller (daemon, tests) in the host's mount namespace.
+const KdatHelperArg = "__lazyfork_criu_kdat"
+
+var helperReady bool
+
+// MaybeKdatHelper must be called first thing in main (and TestMain) of every binary that
+// runs criu: in the helper it never returns; otherwise it enables the probe cache.
+func MaybeKdatHelper() {
+	if len(os.Args) < 4 || os.Args[1] != KdatHelperArg {
+		helperReady = true
+		return
+	}
+	runtime.LockOSThread()
+	dir, criu := os.Args[2], os.Args[3]
+	if err := enterKdatNS(dir); err != nil {
+		// Only an optimisation: criu still works, it just probes the kernel again.
+		fmt.Fprintf(os.Stderr, "lazyfork: criu probe cache unavailable: %v\n", err)
+	}
+	err := unix.Exec(criu, os.Args[3:], os.Environ())
+	fmt.Fprintf(os.Stderr, "lazyfork: exec %s: %v\n", criu, err)
+	os.Exit(127)
+}
+
+// start starts cmd; when kdatDir is usable and this binary has the helper, inside a new
+// mount namespace in which the cache directory is bind-mounted over /run. It reports
+// whether that namespace was used.
+func start(cmd *exec.Cmd, kdatDir string) (bool, error) {
+	if kdatDir == "" || !helperReady {
+		return false, cmd.Start()
+	}
+	dir, err := kdatCacheDir(kdatDir, cmd.Path)
+	if err != nil {
+		return false, cmd.Start()
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return false, cmd.Start()
+	}
+	cmd.Args = append([]string{self, KdatHelperArg, dir, cmd.Path}, cmd.Args[1:]...)
+	cmd.Path = self
+	return true, cmd.Start()
+}
+
+// enterKdatNS moves the calling (locked) thread into a new mount namespace whose mounts are
+// slaves of the host's, so that nothing mounted in it (our /run bind, criu's cgroup yard or
+// mount-namespace roots) propagates back, and bind-mounts dir over /run.
+func enterKdatNS(dir string) error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare mount namespace: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("make mounts slaves: %w", err)
+	}
+	if err := unix.Mount(dir, "/run", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s over /run: %w", dir, err)
+	}
+	return nil
+}
+
+// kdatCacheDir returns the cache directory for the criu binary at bin: one per binary
+// (size and mtime), because criu validates a cache only by its size and magic numbers. It
+// fails when the cache cannot help or cannot be trusted: /run is already a tmpfs (criu caches
+// there by itself) or base is not on a tmpfs (a cache must not outlive a reboot).
+func kdatCacheDir(base, bin string) (string, error) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs("/run", &fs); err == nil && fs.Type == unix.TMPFS_MAGIC {
+		return "", errors.New("/run is a tmpfs already")
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(bin, &st); err != nil {
+		return "", fmt.Errorf("stat %s: %w", bin, err)
+	}
+	dir := filepath.Join(base, fmt.Sprintf("kdat-%d-%d", st.Size, st.Mtim.Nano()))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("create kdat cache dir: %w", err)
+	}
+	if err := unix.Statfs(dir, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		return "", fmt.Errorf("kdat cache dir %s is not on a tmpfs", dir)
+	}
+	removeStaleKdatTmp(dir)
+	return dir, nil
+}
+
+// removeStaleKdatTmp removes a temporary cache file left by a criu killed while saving it:
+// criu creates it O_EXCL, so while it exists no criu would ever save the cache.
+func removeStaleKdatTmp(dir string) {
+	if _, err := os.Stat(filepath.Join(dir, "criu.kdat")); err == nil {
+		return
+	}
+	for _, name := range []string{"criu.kdat.tmp", ".criu.kdat"} {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && time.Since(fi.ModTime()) > time.Minute {
+			_ = os.Remove(p)
+		}
+	}
+}
+
+// sharesMountNS reports whether pid is in the caller's mount namespace. Such a tree must
+// not be dumped by a criu in another mount namespace: criu would take the caller's
+// namespace for the tree's own.
+func sharesMountNS(pid int) bool {
+	var a, b unix.Stat_t
+	if unix.Stat(fmt.Sprintf("/proc/%d/ns/mnt", pid), &a) != nil || unix.Stat("/proc/self/ns/mnt", &b) != nil {
+		return true // unknown: take the safe path
+	}
+	return a.Dev == b.Dev && a.Ino == b.Ino
+}
+
+// imageHasMountNS reports whether the image holds a mount namespace (criu writes
+// mountpoints-<id>.img only then). Without one the restored tree would live in criu's own
+// mount namespace, which must then be the caller's.
+func imageHasMountNS(imagesDir string) bool {
+	names, err := os.ReadDir(imagesDir)
+	if err != nil {
+		return false
+	}
+	for _, n := range names {
+		if m, _ := filepath.Match("mountpoints-*.img", n.Name()); m {
+			return true
+		}
+	}
+	return false
+}

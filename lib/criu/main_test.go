@@ -1,0 +1,11 @@
+package criu
+
+import (
+	"os"
+	"testing"
+)
+
+func TestMain(m *testing.M) {
+	MaybeKdatHelper()
+	os.Exit(m.Run())
+}

@@ -1,0 +1,261 @@
+package criu
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"google.golang.org/protobuf/proto"
+)
+
+// DefaultTimeout bounds a call whose context has no deadline and whose Timeout is zero.
+const DefaultTimeout = 60 * time.Second
+
+// DefaultLogLevel is CRIU's debug level (-v4): the log then gives context around errors and
+// names the restored root's PID, which Restore needs to clean up after an early failure.
+const DefaultLogLevel = 4
+
+// CgroupMode is CRIU's --manage-cgroups mode.
+type CgroupMode int
+
+// The zero value leaves CRIU's default (soft).
+const (
+	CgroupDefault CgroupMode = iota
+	CgroupSoft
+	CgroupFull
+	CgroupStrict
+	CgroupNone
+	CgroupProps
+	CgroupIgnore
+)
+
+func (m CgroupMode) rpc() (rpc.CriuCgMode, error) {
+	switch m {
+	case CgroupDefault:
+		return rpc.CriuCgMode_DEFAULT, nil
+	case CgroupSoft:
+		return rpc.CriuCgMode_SOFT, nil
+	case CgroupFull:
+		return rpc.CriuCgMode_FULL, nil
+	case CgroupStrict:
+		return rpc.CriuCgMode_STRICT, nil
+	case CgroupNone:
+		return rpc.CriuCgMode_CG_NONE, nil
+	case CgroupProps:
+		return rpc.CriuCgMode_PROPS, nil
+	case CgroupIgnore:
+		return rpc.CriuCgMode_IGNORE, nil
+	}
+	return 0, fmt.Errorf("unknown cgroup mode %d", int(m))
+}
+
+// NetworkLock is CRIU's --network-lock method; it only matters for trees with their own
+// network namespace or TCP connections.
+type NetworkLock int
+
+// The zero value leaves CRIU's default (iptables, which these hosts lack: use nftables).
+const (
+	NetworkLockDefault NetworkLock = iota
+	NetworkLockIptables
+	NetworkLockNftables
+	NetworkLockSkip
+)
+
+func (n NetworkLock) rpc() (*rpc.CriuNetworkLockMethod, error) {
+	var m rpc.CriuNetworkLockMethod
+	switch n {
+	case NetworkLockDefault:
+		return nil, nil
+	case NetworkLockIptables:
+		m = rpc.CriuNetworkLockMethod_IPTABLES
+	case NetworkLockNftables:
+		m = rpc.CriuNetworkLockMethod_NFTABLES
+	case NetworkLockSkip:
+		m = rpc.CriuNetworkLockMethod_SKIP
+	default:
+		return nil, fmt.Errorf("unknown network lock method %d", int(n))
+	}
+	return &m, nil
+}
+
+// NotifyFunc is called for each of CRIU's action-script notifications ("pre-dump",
+// "post-dump", "setup-namespaces", "post-setup-namespaces", "pre-restore", "post-restore",
+// "pre-resume", "post-resume", "network-lock", "network-unlock", ...). pid is the host PID of
+// the tree's root task where CRIU sends one (setup-namespaces, post-restore), else 0.
+// Returning an error makes CRIU abort the dump or restore. It runs while the tasks are frozen
+// (post-dump) or not yet resumed (post-restore): keep it short, it counts against the deadline.
+type NotifyFunc func(script string, pid int) error
+
+// DumpOptions describe one checkpoint.
+type DumpOptions struct {
+	Pid          int    // host PID of the tree's root (the container's init)
+	ImagesDir    string // created if missing
+	WorkDir      string // log and stats-dump go here; "" means ImagesDir
+	LeaveRunning bool
+	FreezeCgroup string // freezer cgroup directory to freeze the tree with, "" to use ptrace
+	// ExternalMounts declares mounts that are not part of the image: path inside the
+	// tree's mount namespace -> key (e.g. "/.lazyfork/mem" -> "lfmem").
+	ExternalMounts map[string]string
+	CgroupMode     CgroupMode
+	NetworkLock    NetworkLock
+	FileLocks      bool
+	GhostLimit     uint32 // largest deleted-but-open file to carry in the image; 0: CRIU's 1 MiB
+	LogFile        string // name in WorkDir; "" means "dump.log"
+	LogLevel       int    // 0 means DefaultLogLevel
+	Timeout        time.Duration
+	KdatDir        string // tmpfs directory for criu's kernel probe cache; "" disables it
+	Notify         NotifyFunc
+}
+
+// RestoreOptions describe one restore.
+type RestoreOptions struct {
+	ImagesDir string // read only: nothing is written into it
+	WorkDir   string // required, one per restore; log and stats-restore go here
+	Root      string // new root of the tree's mount namespace; must be a mount point
+	// CgroupRoots places the tree's cgroups: "ctrl:/path" for one controller (e.g.
+	// "memory:/lazyfork/f1") or "/path" for all of them.
+	CgroupRoots []string
+	// CgroupYard is a directory where every controller in the image is mounted as
+	// <yard>/<ctrl> ("unified" for cgroup2). "" picks /sys/fs/cgroup when that is a v1 or
+	// hybrid layout; otherwise CRIU mounts its own yard in the work dir (which a SIGKILLed
+	// criu can leave mounted: Restore unmounts such leftovers).
+	CgroupYard  string
+	CgroupMode  CgroupMode
+	NetworkLock NetworkLock
+	FileLocks   bool
+	// ExternalMounts maps the keys declared at dump time to host paths
+	// (e.g. "lfmem" -> "/dev/shm/lazyfork/families/f1").
+	ExternalMounts map[string]string
+	LogFile        string // name in WorkDir; "" means "restore.log"
+	LogLevel       int    // 0 means DefaultLogLevel
+	Timeout        time.Duration
+	KdatDir        string // see DumpOptions.KdatDir
+	Notify         NotifyFunc
+}
+
+// criuOpts translates DumpOptions into CRIU's RPC options; the fds are the caller's.
+func (o *DumpOptions) criuOpts(imagesFd, workFd int) (*rpc.CriuOpts, error) {
+	if o.Pid <= 0 {
+		return nil, fmt.Errorf("dump: no pid")
+	}
+	cg, err := o.CgroupMode.rpc()
+	if err != nil {
+		return nil, err
+	}
+	nl, err := o.NetworkLock.rpc()
+	if err != nil {
+		return nil, err
+	}
+	opts := &rpc.CriuOpts{
+		ImagesDirFd:       proto.Int32(int32(imagesFd)),
+		WorkDirFd:         proto.Int32(int32(workFd)),
+		Pid:               proto.Int32(int32(o.Pid)),
+		LeaveRunning:      proto.Bool(o.LeaveRunning),
+		ShellJob:          proto.Bool(false),
+		TcpEstablished:    proto.Bool(false),
+		FileLocks:         proto.Bool(o.FileLocks),
+		LogFile:           proto.String(orDefault(o.LogFile, "dump.log")),
+		LogLevel:          proto.Int32(int32(logLevel(o.LogLevel))),
+		ManageCgroupsMode: &cg,
+		NetworkLock:       nl,
+		NotifyScripts:     proto.Bool(o.Notify != nil),
+		External:          externals(o.ExternalMounts, func(path, key string) string { return "mnt[" + path + "]:" + key }),
+	}
+	if o.FreezeCgroup != "" {
+		opts.FreezeCgroup = proto.String(o.FreezeCgroup)
+	}
+	if o.GhostLimit != 0 {
+		opts.GhostLimit = proto.Uint32(o.GhostLimit)
+	}
+	return opts, nil
+}
+
+// criuOpts translates RestoreOptions into CRIU's RPC options; the fds are the caller's and
+// yard is the resolved cgroup yard ("" for none).
+func (o *RestoreOptions) criuOpts(imagesFd, workFd int, yard string) (*rpc.CriuOpts, error) {
+	cg, err := o.CgroupMode.rpc()
+	if err != nil {
+		return nil, err
+	}
+	nl, err := o.NetworkLock.rpc()
+	if err != nil {
+		return nil, err
+	}
+	roots, err := cgroupRoots(o.CgroupRoots)
+	if err != nil {
+		return nil, err
+	}
+	opts := &rpc.CriuOpts{
+		ImagesDirFd:       proto.Int32(int32(imagesFd)),
+		WorkDirFd:         proto.Int32(int32(workFd)),
+		RstSibling:        proto.Bool(true),
+		ShellJob:          proto.Bool(false),
+		TcpEstablished:    proto.Bool(false),
+		FileLocks:         proto.Bool(o.FileLocks),
+		LogFile:           proto.String(orDefault(o.LogFile, "restore.log")),
+		LogLevel:          proto.Int32(int32(logLevel(o.LogLevel))),
+		ManageCgroupsMode: &cg,
+		CgRoot:            roots,
+		NetworkLock:       nl,
+		// Always on: the setup-namespaces notification names the root task, which Restore
+		// must kill and reap if criu fails or is killed later on.
+		NotifyScripts: proto.Bool(true),
+		External:      externals(o.ExternalMounts, func(key, path string) string { return "mnt[" + key + "]:" + path }),
+	}
+	if o.Root != "" {
+		opts.Root = proto.String(o.Root)
+	}
+	if yard != "" {
+		opts.CgroupYard = proto.String(yard)
+	}
+	return opts, nil
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func logLevel(l int) int {
+	if l == 0 {
+		return DefaultLogLevel
+	}
+	return l
+}
+
+// externals formats a map as --external strings, sorted so requests are reproducible.
+func externals(m map[string]string, format func(k, v string) string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]string, 0, len(m))
+	for _, k := range keys {
+		out = append(out, format(k, m[k]))
+	}
+	return out
+}
+
+func cgroupRoots(specs []string) ([]*rpc.CgroupRoot, error) {
+	var roots []*rpc.CgroupRoot
+	for _, s := range specs {
+		ctrl, path := "", s
+		if !strings.HasPrefix(s, "/") {
+			ctrl, path, _ = strings.Cut(s, ":")
+		}
+		if !strings.HasPrefix(path, "/") || (ctrl == "" && path != s) {
+			return nil, fmt.Errorf("cgroup root %q: want ctrl:/path or /path", s)
+		}
+		r := &rpc.CgroupRoot{Path: proto.String(path)}
+		if ctrl != "" {
+			r.Ctrl = proto.String(ctrl)
+		}
+		roots = append(roots, r)
+	}
+	return roots, nil
+}

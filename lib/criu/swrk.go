@@ -1,0 +1,230 @@
+package criu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+)
+
+// criuEnv is the environment of every criu child: ours, with CRIU_FAULT=130 (compel stops
+// tasks with PTRACE_SYSCALL instead of a hardware breakpoint, which hangs criu in VMs
+// without working debug registers).
+func criuEnv() []string {
+	env := make([]string, 0, len(os.Environ())+1)
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "CRIU_FAULT=") {
+			env = append(env, e)
+		}
+	}
+	return append(env, "CRIU_FAULT=130")
+}
+
+// withDeadline applies timeout, or DefaultTimeout when ctx has no deadline either.
+func withDeadline(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if timeout > 0 {
+		return context.WithTimeout(ctx, timeout)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		return context.WithTimeout(ctx, DefaultTimeout)
+	}
+	return context.WithCancel(ctx)
+}
+
+// swrkResult is what one swrk conversation produced.
+type swrkResult struct {
+	resp    *rpc.CriuResp // final response; nil if criu never answered
+	rootPid int           // root task PID from the last notification that carried one
+	stderr  string        // criu's stdout+stderr, capped
+	kdat    bool          // criu ran in the kdat cache namespace
+}
+
+// swrk starts `criu swrk 3`, sends req, answers notifications and returns the final
+// response. It returns an error when criu could not be run, failed (resp.success false), did
+// not answer, or the deadline passed; criu is SIGKILLed on deadline or cancel and always
+// reaped before swrk returns.
+func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, notify NotifyFunc) (res swrkResult, retErr error) {
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	bin, err := exec.LookPath("criu")
+	if err != nil {
+		return res, fmt.Errorf("find criu: %w", err)
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return res, fmt.Errorf("socketpair: %w", err)
+	}
+	client := os.NewFile(uintptr(fds[0]), "criu-client")
+	server := os.NewFile(uintptr(fds[1]), "criu-server")
+	defer server.Close()
+	fc, err := net.FileConn(client)
+	client.Close()
+	if err != nil {
+		return res, fmt.Errorf("criu socket: %w", err)
+	}
+	conn := fc.(*net.UnixConn)
+	defer conn.Close()
+
+	// A memfd, not a pipe: no copying goroutine, and nothing to hang on if a descendant of
+	// criu kept the write end open.
+	outFd, err := unix.MemfdCreate("criu-output", unix.MFD_CLOEXEC)
+	if err != nil {
+		return res, fmt.Errorf("memfd: %w", err)
+	}
+	out := os.NewFile(uintptr(outFd), "criu-output")
+	defer out.Close()
+	defer func() { res.stderr = readCapped(out, 4096) }()
+
+	cmd := exec.Command(bin, "swrk", "3")
+	cmd.ExtraFiles = []*os.File{server}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Env = criuEnv()
+	if res.kdat, err = start(cmd, kdatDir); err != nil {
+		return res, fmt.Errorf("start criu: %w", err)
+	}
+	// Our copy of criu's end must go, so that a crashed criu reads as EOF, not a hang.
+	server.Close()
+
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			_ = conn.SetDeadline(time.Now())
+		case <-stop:
+		}
+	}()
+	defer func() {
+		_ = conn.Close()
+		waitErr := cmd.Wait()
+		close(stop)
+		<-watched
+		// A criu killed at the deadline after it answered did its work: not an error.
+		if retErr == nil && waitErr != nil && ctx.Err() == nil && res.resp.GetSuccess() {
+			retErr = fmt.Errorf("criu exited after answering: %w", waitErr)
+		}
+	}()
+
+	res.resp, res.rootPid, err = converse(conn, req, notify)
+	if ctxErr := ctx.Err(); ctxErr != nil && !(err == nil && res.resp.GetSuccess()) {
+		// Whatever converse saw (EOF, i/o timeout) is a consequence of the kill.
+		return res, ctxErr
+	}
+	return res, err
+}
+
+// converse runs the request/notify/response exchange on conn.
+func converse(conn *net.UnixConn, req *rpc.CriuReq, notify NotifyFunc) (*rpc.CriuResp, int, error) {
+	reqType := req.GetType()
+	if err := send(conn, req); err != nil {
+		return nil, 0, err
+	}
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(16*4))
+	rootPid := 0
+	var notifyErr error
+	for {
+		n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
+		closeRights(oob[:oobn])
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil, rootPid, errors.Join(errors.New("criu closed the connection without an answer"), notifyErr)
+			}
+			return nil, rootPid, fmt.Errorf("read from criu: %w", err)
+		}
+		if n == 0 {
+			return nil, rootPid, errors.Join(errors.New("criu closed the connection without an answer"), notifyErr)
+		}
+		if flags&unix.MSG_TRUNC != 0 {
+			return nil, rootPid, fmt.Errorf("criu message larger than %d bytes", len(buf))
+		}
+		resp := &rpc.CriuResp{}
+		if err := proto.Unmarshal(buf[:n], resp); err != nil {
+			return nil, rootPid, fmt.Errorf("decode criu message: %w", err)
+		}
+		if resp.GetType() != rpc.CriuReqType_NOTIFY {
+			if resp.GetType() != reqType {
+				return resp, rootPid, fmt.Errorf("criu answered %s to %s", resp.GetType(), reqType)
+			}
+			if !resp.GetSuccess() {
+				return resp, rootPid, notifyErr
+			}
+			return resp, rootPid, nil
+		}
+		script, pid := resp.GetNotify().GetScript(), int(resp.GetNotify().GetPid())
+		if pid > 0 {
+			rootPid = pid
+		}
+		ok := true
+		if notify != nil {
+			if err := notify(script, pid); err != nil {
+				notifyErr = fmt.Errorf("notify %s: %w", script, err)
+				ok = false
+			}
+		}
+		// A false answer makes criu fail the action cleanly (and roll back) instead of
+		// seeing its socket vanish.
+		t := rpc.CriuReqType_NOTIFY
+		if err := send(conn, &rpc.CriuReq{Type: &t, NotifySuccess: proto.Bool(ok)}); err != nil {
+			return nil, rootPid, errors.Join(err, notifyErr)
+		}
+	}
+}
+
+func send(conn *net.UnixConn, req *rpc.CriuReq) error {
+	data, err := proto.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("encode criu request: %w", err)
+	}
+	if _, err := conn.Write(data); err != nil {
+		return fmt.Errorf("write to criu: %w", err)
+	}
+	return nil
+}
+
+// closeRights closes fds criu passed along with a message (orphan-pts-master), which we do
+// not use: they would leak otherwise.
+func closeRights(oob []byte) {
+	if len(oob) == 0 {
+		return
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return
+	}
+	for i := range msgs {
+		fds, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+	}
+}
+
+func readCapped(f *os.File, max int64) string {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return ""
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, max))
+	var keep []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(l) != "" && !harmlessError(l) {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}

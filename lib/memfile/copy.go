@@ -1,0 +1,238 @@
+package memfile
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// chunk is the unit of scanning and the largest pwrite: cancellation is noticed within
+// a few ms.
+const chunk = 4 << 20
+
+// span is a run of pages at off (bytes, relative to the pages written) that are all
+// zero or all non-zero.
+type span struct {
+	off, size int64
+	zero      bool
+}
+
+// scan splits pages[off:end] into spans.
+func scan(pages []byte, off, end int64, zero []byte) []span {
+	var out []span
+	for p := off; p < end; p += pageSize {
+		z := bytes.Equal(pages[p:p+pageSize], zero)
+		if n := len(out); n > 0 && out[n-1].zero == z {
+			out[n-1].size += pageSize
+			continue
+		}
+		out = append(out, span{off: p, size: pageSize, zero: z})
+	}
+	return out
+}
+
+// writePages writes pages (a multiple of the page size) at dst: runs of non-zero pages
+// with one pwrite each, all-zero pages left as holes or, with punch, punched (so the
+// bytes already under them do not show through). It returns the bytes written.
+func writePages(ctx context.Context, fd int, pages []byte, dst int64, punch bool) (int64, error) {
+	zero := make([]byte, pageSize)
+	total := int64(len(pages)) / pageSize * pageSize
+	var written int64
+	for off := int64(0); off < total; off += chunk {
+		if err := ctx.Err(); err != nil {
+			return written, err
+		}
+		end := min(off+chunk, total)
+		// One call maps the chunk of a shared source mapping; the scan would fault it
+		// in 64 kB at a time. Older kernels say EINVAL: the scan faults then.
+		_ = unix.Madvise(pages[off:end], unix.MADV_POPULATE_READ)
+		for _, s := range scan(pages, off, end, zero) {
+			if s.zero {
+				if punch {
+					if err := punchHole(fd, dst+s.off, s.size); err != nil {
+						return written, err
+					}
+				}
+				continue
+			}
+			if err := pwriteAll(fd, pages[s.off:s.off+s.size], dst+s.off); err != nil {
+				return written, err
+			}
+			written += s.size
+		}
+	}
+	return written, nil
+}
+
+func pwriteAll(fd int, b []byte, off int64) error {
+	for len(b) > 0 {
+		n, err := unix.Pwrite(fd, b, off)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("pwrite at %d: %w", off, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("pwrite at %d: %w", off, unix.EIO)
+		}
+		b, off = b[n:], off+int64(n)
+	}
+	return nil
+}
+
+func punchHole(fd int, off, size int64) error {
+	if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, size); err != nil {
+		return fmt.Errorf("punch hole at %d+%d: %w", off, size, err)
+	}
+	return nil
+}
+
+// copyDense copies n bytes of src from off to dst at 0, skipping all-zero pages (the
+// destination is fresh and sparse). Used for the original bytes of libraries, which
+// live on other file systems than tmpfs (copy_file_range would fail with EXDEV).
+func copyDense(dst, src int, off, n int64) (int64, error) {
+	buf := make([]byte, min(n+pageSize, 1<<20))
+	buf = buf[:len(buf)/int(pageSize)*int(pageSize)]
+	var written int64
+	for done := int64(0); done < n; {
+		want := min(int64(len(buf)), n-done)
+		got, err := preadFull(src, buf[:want], off+done)
+		if err != nil {
+			return written, err
+		}
+		if got == 0 {
+			break
+		}
+		// A short tail page is zero-padded: the file mapping shows zeros past EOF too.
+		full := (int64(got) + pageSize - 1) / pageSize * pageSize
+		clear(buf[got:full])
+		w, err := writePages(context.Background(), dst, buf[:full], done, false)
+		written += w
+		if err != nil {
+			return written, err
+		}
+		done += int64(got)
+		if int64(got) < want {
+			break
+		}
+	}
+	return written, nil
+}
+
+func preadFull(fd int, b []byte, off int64) (int, error) {
+	got := 0
+	for got < len(b) {
+		n, err := unix.Pread(fd, b[got:], off+int64(got))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return got, fmt.Errorf("pread at %d: %w", off+int64(got), err)
+		}
+		if n == 0 {
+			break
+		}
+		got += n
+	}
+	return got, nil
+}
+
+// copyExtents copies the data extents of src in [off, off+n) to dst at [0, n), found
+// with SEEK_DATA/SEEK_HOLE so holes stay holes. It returns the bytes copied.
+func copyExtents(dst, src int, off, n int64) (int64, error) {
+	var copied int64
+	end := off + n
+	for pos := off; pos < end; {
+		data, err := unix.Seek(src, pos, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break
+		}
+		if err != nil {
+			return copied, fmt.Errorf("seek data at %d: %w", pos, err)
+		}
+		if data >= end {
+			break
+		}
+		hole, err := unix.Seek(src, data, unix.SEEK_HOLE)
+		if err != nil {
+			return copied, fmt.Errorf("seek hole at %d: %w", data, err)
+		}
+		hole = min(hole, end)
+		if err := copyRange(dst, src, data, data-off, hole-data); err != nil {
+			return copied, err
+		}
+		copied += hole - data
+		pos = hole
+	}
+	return copied, nil
+}
+
+// copyRange copies n bytes with copy_file_range (one in-kernel copy; works within one
+// tmpfs or one file system) and falls back to pread/pwrite across file systems.
+func copyRange(dst, src int, srcOff, dstOff, n int64) error {
+	for n > 0 {
+		r, w := srcOff, dstOff
+		c, err := unix.CopyFileRange(src, &r, dst, &w, int(min(n, 1<<30)), 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || c == 0 {
+			if err == nil || errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EINVAL) ||
+				errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
+				return copyRead(dst, src, srcOff, dstOff, n)
+			}
+			return fmt.Errorf("copy_file_range at %d: %w", srcOff, err)
+		}
+		srcOff, dstOff, n = srcOff+int64(c), dstOff+int64(c), n-int64(c)
+	}
+	return nil
+}
+
+func copyRead(dst, src int, srcOff, dstOff, n int64) error {
+	buf := make([]byte, min(n, 1<<20))
+	for n > 0 {
+		got, err := preadFull(src, buf[:min(int64(len(buf)), n)], srcOff)
+		if err != nil {
+			return err
+		}
+		if got == 0 {
+			return fmt.Errorf("copy at %d: %w", srcOff, unix.EIO)
+		}
+		if err := pwriteAll(dst, buf[:got], dstOff); err != nil {
+			return err
+		}
+		srcOff, dstOff, n = srcOff+int64(got), dstOff+int64(got), n-int64(got)
+	}
+	return nil
+}
+
+// dataPages counts the pages of f's data extents inside [off, off+n).
+func dataPages(f interface{ Fd() uintptr }, off, n int64) (int64, error) {
+	fd := int(f.Fd())
+	var bytes int64
+	end := off + n
+	for pos := off; pos < end; {
+		data, err := unix.Seek(fd, pos, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("seek data at %d: %w", pos, err)
+		}
+		if data >= end {
+			break
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return 0, fmt.Errorf("seek hole at %d: %w", data, err)
+		}
+		hole = min(hole, end)
+		bytes += hole - data
+		pos = hole
+	}
+	return (bytes + pageSize - 1) / pageSize, nil
+}

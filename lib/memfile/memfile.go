@@ -1,0 +1,442 @@
+// Package memfile rewrites a CRIU image directory so that its memory lives in "family
+// memory files" on tmpfs: every converted VMA becomes a MAP_PRIVATE mapping of a sparse
+// file, and every restore of the image maps those files instead of copying pages. Reads
+// then share the page cache and the kernel copies a page only when a fork writes it.
+//
+// The edits are the ones CRIU 4.1 was seen to accept (see shared/env/memfile-findings.md
+// and tuning-findings.md):
+//   - private anonymous VMAs with dumped pages (status 0x201/0x221, flags 0x22 give or
+//     take MAP_NORESERVE, no MAP_GROWSDOWN, no MADV_WIPEONFORK) become private mappings
+//     of a 2^47-byte sparse file holding their pages at vaddr-start;
+//   - optionally, file-backed private VMAs with dumped pages (status exactly 0x41) become
+//     private mappings of a file holding the original file's bytes with the dumped pages
+//     written over them;
+//   - VMAs that already map a family file (an image of a fork) keep their pages in the
+//     image as a delta, or with Options.Rebase get fresh files of base bytes plus delta.
+//
+// Images are read and written only through go-criu's crit and typed image packages.
+package memfile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/inventory"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	remap "github.com/checkpoint-restore/go-criu/v7/crit/images/remap-file-path"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultMountPath is where a container sees its family directory.
+const DefaultMountPath = "/.lazyfork/mem"
+
+// AnonFileSize is the apparent size of a memory file made from anonymous memory: mremap
+// growth of the mapping keeps reading the file, and must find holes (zeros) there.
+const AnonFileSize = int64(1) << 47
+
+// ErrAllocator is returned by Rewrite when the image maps an allocator that relies on
+// MADV_DONTNEED zero-filling (see Detect).
+var ErrAllocator = errors.New("image maps an allocator that relies on MADV_DONTNEED zero-fill")
+
+// Options says what to rewrite and where the memory files go.
+type Options struct {
+	ImagesDir string // the CRIU image dir to rewrite in place (the caller's own copy)
+	FamilyDir string // host dir on tmpfs where .mem files are created (O_EXCL)
+	MountPath string // in-container path of FamilyDir; "" means DefaultMountPath
+	// RootFS is the host path of the dumped container's root, used to read the original
+	// bytes of file-backed VMAs (files.img names them relative to it); "" means "/".
+	RootFS string
+	// ConvertFilePrivate also converts file-backed private VMAs with dumped pages
+	// (library .data, relro): the sub-1 MB per fork tuning.
+	ConvertFilePrivate bool
+	// Prefix starts every file name, keeping names unique within the family (e.g. the
+	// snapshot id).
+	Prefix string
+	// Rebase turns delta VMAs (already mapping family files, with pages of their own in
+	// the image) into fresh files of base bytes plus delta pages. The caller decides,
+	// e.g. when DeltaPages > SharedPages/4.
+	Rebase bool
+	// AllowAllocators rewrites even when Detect finds jemalloc, mimalloc or tcmalloc.
+	AllowAllocators bool
+}
+
+// Result describes what Rewrite did.
+type Result struct {
+	Files             []File `json:"files"`
+	VMAsConverted     int    `json:"vmas_converted"`      // anonymous VMAs now in memory files
+	FileVMAsConverted int    `json:"file_vmas_converted"` // file-backed private VMAs now in memory files
+	VMAsRebased       int    `json:"vmas_rebased"`        // delta VMAs moved to fresh files (Rebase)
+	PagesMoved        int64  `json:"pages_moved"`         // pages taken out of the image into files
+	PagesKept         int64  `json:"pages_kept"`          // pages left in the image
+	// SharedPages counts data pages of the family files that the image's delta VMAs map;
+	// DeltaPages counts the image's own pages on top of them (before any rebase).
+	SharedPages int64 `json:"shared_pages"`
+	DeltaPages  int64 `json:"delta_pages"`
+	// References names every family file (in FamilyDir) the rewritten image maps, new
+	// and old: the files that must outlive the snapshot.
+	References   []string      `json:"references"`
+	BytesWritten int64         `json:"bytes_written"` // bytes written into memory files
+	Duration     time.Duration `json:"duration_ns"`
+	MBPerSec     float64       `json:"mb_per_sec"` // BytesWritten / Duration, MB = 10^6 bytes
+}
+
+// File is one memory file created by Rewrite.
+type File struct {
+	Name     string `json:"name"`      // file name in FamilyDir
+	Size     int64  `json:"size"`      // apparent size
+	Bytes    int64  `json:"bytes"`     // allocated bytes
+	VMAStart uint64 `json:"vma_start"` // start of the VMA that maps it
+	Kind     string `json:"kind"`      // "anon" or "file:<library base name>"
+}
+
+// CRIU's VMA status bits (criu/include/image.h) and pagemap flags (pagemap.h).
+const (
+	vmaAreaRegular  = 1 << 0
+	vmaAreaHeap     = 1 << 5
+	vmaFilePrivate  = 1 << 6
+	vmaFileShared   = 1 << 7
+	vmaAnonPrivate  = 1 << 9
+	statusAnon      = vmaAreaRegular | vmaAnonPrivate
+	statusHeap      = statusAnon | vmaAreaHeap
+	statusFilePriv  = vmaAreaRegular | vmaFilePrivate
+	pePresent       = 1 << 2
+	madvWipeOnFork  = 1 << unix.MADV_WIPEONFORK
+	anonPrivateFlag = unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
+)
+
+var pageSize = int64(os.Getpagesize())
+
+type action int
+
+const (
+	actKeep   action = iota
+	actAnon          // anonymous VMA -> new sparse file
+	actFile          // file-backed private VMA -> library bytes + dumped pages
+	actDelta         // maps a family file already: leave alone
+	actRebase        // maps a family file: fresh file of base bytes + delta
+)
+
+// imageSet is one image directory, loaded once (no caches outside it).
+type imageSet struct {
+	dir      string
+	files    *crit.CriuImage
+	fileByID map[uint32]*fdinfo.FileEntry
+	maxID    uint32
+	remapped map[uint32]bool
+	tasks    []*task
+}
+
+type task struct {
+	pid      uint32
+	mmName   string
+	mmImg    *crit.CriuImage
+	mm       *mm.MmEntry
+	pmName   string
+	pmImg    *crit.CriuImage
+	pagesID  uint32
+	vmas     []*vmaInfo // sorted by start
+	pieces   []piece    // the pagemap split at VMA boundaries, in order
+	changed  bool
+	keptData int64 // bytes of pages staying in the image
+}
+
+type vmaInfo struct {
+	e       *vma.VmaEntry
+	act     action
+	present int64 // dumped pages with data in the pages image
+	missing bool  // pages recorded without data here (parent or lazy images)
+	reg     *fdinfo.FileEntry
+	family  string // base name of the family file it maps (delta VMAs)
+	out     *memFile
+}
+
+// piece is a run of pagemap pages inside at most one VMA.
+type piece struct {
+	vaddr uint64
+	n     int64
+	src   int64 // offset in the pages image, -1 if the pages have no data there
+	vma   int   // index in task.vmas, -1 if outside every VMA
+	entry *pagemap.PagemapEntry
+}
+
+// Rewrite rewrites opts.ImagesDir in place. On error every file it created is removed
+// and the image directory is left as it was.
+func Rewrite(ctx context.Context, opts Options) (res *Result, retErr error) {
+	start := time.Now()
+	if err := normalize(&opts); err != nil {
+		return nil, err
+	}
+	set, err := loadSet(opts.ImagesDir)
+	if err != nil {
+		return nil, err
+	}
+	if !opts.AllowAllocators {
+		if names := set.allocators(); len(names) > 0 {
+			return nil, fmt.Errorf("rewrite %s: %w: %s", opts.ImagesDir, ErrAllocator, strings.Join(names, ", "))
+		}
+	}
+	r := &rewriter{opts: opts, set: set, res: &Result{}}
+	var undo cleanup
+	defer func() {
+		r.closeFamily()
+		if retErr != nil {
+			if err := undo.run(); err != nil {
+				retErr = errors.Join(retErr, err)
+			}
+		}
+	}()
+	if err := r.plan(); err != nil {
+		return nil, err
+	}
+	if err := r.createFiles(&undo); err != nil {
+		return nil, err
+	}
+	if err := r.fill(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.writeImages(ctx, &undo); err != nil {
+		return nil, err
+	}
+	if err := r.finish(); err != nil {
+		return nil, err
+	}
+	r.res.Duration = time.Since(start)
+	if s := r.res.Duration.Seconds(); s > 0 {
+		r.res.MBPerSec = float64(r.res.BytesWritten) / 1e6 / s
+	}
+	return r.res, nil
+}
+
+func normalize(o *Options) error {
+	if o.ImagesDir == "" {
+		return errors.New("rewrite: no image directory given")
+	}
+	if o.FamilyDir == "" {
+		return errors.New("rewrite: no family directory given")
+	}
+	if o.MountPath == "" {
+		o.MountPath = DefaultMountPath
+	}
+	o.MountPath = filepath.Clean(o.MountPath)
+	if !filepath.IsAbs(o.MountPath) {
+		return fmt.Errorf("rewrite: mount path %q is not absolute", o.MountPath)
+	}
+	if o.RootFS == "" {
+		o.RootFS = "/"
+	}
+	if strings.ContainsAny(o.Prefix, "/\x00") {
+		return fmt.Errorf("rewrite: prefix %q is not a file name", o.Prefix)
+	}
+	if err := checkImageDir(o.ImagesDir); err != nil {
+		return err
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(o.FamilyDir, &sfs); err != nil {
+		return fmt.Errorf("stat family dir %s: %w", o.FamilyDir, err)
+	}
+	if sfs.Type != unix.TMPFS_MAGIC {
+		return fmt.Errorf("family dir %s is not on tmpfs: memory files must live in RAM", o.FamilyDir)
+	}
+	return nil
+}
+
+// loadSet reads pstree, files, remaps, and every task's mm and pagemap.
+func loadSet(dir string) (*imageSet, error) {
+	if err := checkImageDir(dir); err != nil {
+		return nil, err
+	}
+	set := &imageSet{dir: dir, fileByID: map[uint32]*fdinfo.FileEntry{}, remapped: map[uint32]bool{}}
+	if _, err := loadImage(dir, "inventory.img", "INVENTORY", &inventory.InventoryEntry{}); err != nil {
+		return nil, err
+	}
+	pst, err := loadImage(dir, "pstree.img", "PSTREE", &pstree.PstreeEntry{})
+	if err != nil {
+		return nil, err
+	}
+	if len(pst.Entries) == 0 {
+		return nil, fmt.Errorf("read image pstree.img: %w: no tasks", ErrTruncated)
+	}
+	set.files, err = loadImage(dir, "files.img", "FILES", &fdinfo.FileEntry{})
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range set.files.Entries {
+		fe := e.Message.(*fdinfo.FileEntry)
+		set.fileByID[fe.GetId()] = fe
+		set.maxID = max(set.maxID, fe.GetId())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "remap-fpath.img")); err == nil {
+		rm, err := loadImage(dir, "remap-fpath.img", "REMAP_FPATH", &remap.RemapFilePathEntry{})
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range rm.Entries {
+			set.remapped[e.Message.(*remap.RemapFilePathEntry).GetOrigId()] = true
+		}
+	}
+	for _, e := range pst.Entries {
+		pid := e.Message.(*pstree.PstreeEntry).GetPid()
+		t := &task{pid: pid, mmName: fmt.Sprintf("mm-%d.img", pid), pmName: fmt.Sprintf("pagemap-%d.img", pid)}
+		if _, err := os.Stat(filepath.Join(dir, t.mmName)); errors.Is(err, os.ErrNotExist) {
+			continue // a zombie has no memory
+		}
+		if t.mmImg, err = loadImage(dir, t.mmName, "MM", &mm.MmEntry{}); err != nil {
+			return nil, err
+		}
+		if len(t.mmImg.Entries) != 1 {
+			return nil, fmt.Errorf("read image %s: %w: %d entries, want 1", t.mmName, ErrTruncated, len(t.mmImg.Entries))
+		}
+		t.mm = t.mmImg.Entries[0].Message.(*mm.MmEntry)
+		if t.pmImg, err = loadImage(dir, t.pmName, "PAGEMAP", &pagemap.PagemapHead{}); err != nil {
+			return nil, err
+		}
+		if len(t.pmImg.Entries) == 0 {
+			return nil, fmt.Errorf("read image %s: %w: no pagemap head", t.pmName, ErrTruncated)
+		}
+		t.pagesID = t.pmImg.Entries[0].Message.(*pagemap.PagemapHead).GetPagesId()
+		set.tasks = append(set.tasks, t)
+	}
+	return set, nil
+}
+
+// split cuts the pagemap at VMA boundaries and checks that the pages image holds every
+// page the pagemap promises.
+func (t *task) split(dir string) error {
+	t.vmas = t.vmas[:0]
+	for _, v := range t.mm.GetVmas() {
+		if v.GetEnd() <= v.GetStart() || v.GetStart()%uint64(pageSize) != 0 || v.GetEnd()%uint64(pageSize) != 0 {
+			return fmt.Errorf("read image %s: bad VMA %#x-%#x", t.mmName, v.GetStart(), v.GetEnd())
+		}
+		t.vmas = append(t.vmas, &vmaInfo{e: v})
+	}
+	sort.Slice(t.vmas, func(i, j int) bool { return t.vmas[i].e.GetStart() < t.vmas[j].e.GetStart() })
+	for i := 1; i < len(t.vmas); i++ {
+		if t.vmas[i].e.GetStart() < t.vmas[i-1].e.GetEnd() {
+			return fmt.Errorf("read image %s: VMAs %#x and %#x overlap", t.mmName, t.vmas[i-1].e.GetStart(), t.vmas[i].e.GetStart())
+		}
+	}
+	var off int64
+	for _, ent := range t.pmImg.Entries[1:] {
+		pe := ent.Message.(*pagemap.PagemapEntry)
+		has := present(pe)
+		addr, n := pe.GetVaddr(), int64(pe.GetNrPages())
+		if addr%uint64(pageSize) != 0 {
+			return fmt.Errorf("read image %s: page address %#x is not page aligned", t.pmName, addr)
+		}
+		for n > 0 {
+			p := piece{vaddr: addr, src: -1, vma: -1, entry: pe}
+			i := sort.Search(len(t.vmas), func(i int) bool { return t.vmas[i].e.GetEnd() > addr })
+			var limit uint64 // address where this piece must stop
+			switch {
+			case i < len(t.vmas) && t.vmas[i].e.GetStart() <= addr:
+				p.vma, limit = i, t.vmas[i].e.GetEnd()
+			case i < len(t.vmas):
+				limit = t.vmas[i].e.GetStart()
+			default:
+				limit = ^uint64(0)
+			}
+			p.n = n
+			if span := (limit - addr) / uint64(pageSize); span < uint64(n) {
+				p.n = int64(span)
+			}
+			if has {
+				p.src = off
+				off += p.n * pageSize
+			}
+			if p.vma >= 0 {
+				if has {
+					t.vmas[p.vma].present += p.n
+				} else {
+					t.vmas[p.vma].missing = true
+				}
+			}
+			t.pieces = append(t.pieces, p)
+			addr += uint64(p.n) * uint64(pageSize)
+			n -= p.n
+		}
+	}
+	name := fmt.Sprintf("pages-%d.img", t.pagesID)
+	st, err := os.Stat(filepath.Join(dir, name))
+	if err != nil {
+		if off == 0 && errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("stat image %s: %w", name, err)
+	}
+	if st.Size() < off {
+		return fmt.Errorf("read image %s: %w: %d bytes, %s needs %d", name, ErrTruncated, st.Size(), t.pmName, off)
+	}
+	return nil
+}
+
+// present follows CRIU: images without flags mark parent pages with in_parent.
+func present(pe *pagemap.PagemapEntry) bool {
+	if pe.Flags != nil {
+		return pe.GetFlags()&pePresent != 0
+	}
+	return !pe.GetInParent()
+}
+
+// Detect lists the allocator libraries mapped by the image's tasks that rely on
+// MADV_DONTNEED zero-filling (jemalloc, mimalloc, tcmalloc): in a fork that memory is
+// a private file mapping and MADV_DONTNEED brings back the snapshot's bytes.
+func Detect(imagesDir string) (allocators []string, err error) {
+	set, err := loadSet(imagesDir)
+	if err != nil {
+		return nil, err
+	}
+	return set.allocators(), nil
+}
+
+func (s *imageSet) allocators() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, t := range s.tasks {
+		for _, v := range t.mm.GetVmas() {
+			if v.GetStatus()&(vmaFilePrivate|vmaFileShared) == 0 {
+				continue
+			}
+			fe := s.fileByID[uint32(v.GetShmid())]
+			if fe == nil || fe.GetReg() == nil {
+				continue
+			}
+			name := fe.GetReg().GetName()
+			base := filepath.Base(name)
+			for _, lib := range []string{"libjemalloc", "libmimalloc", "libtcmalloc"} {
+				if strings.HasPrefix(base, lib) && !seen[name] {
+					seen[name] = true
+					out = append(out, name)
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// cleanup is a stack of undo steps run in reverse on failure.
+type cleanup struct{ steps []func() error }
+
+func (c *cleanup) push(f func() error) { c.steps = append(c.steps, f) }
+
+func (c *cleanup) run() error {
+	var errs []error
+	for i := len(c.steps) - 1; i >= 0; i-- {
+		if err := c.steps[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.steps = nil
+	return errors.Join(errs...)
+}
