@@ -5,7 +5,7 @@ BIN := $(CURDIR)/bin
 STAGES := lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree
 GO ?= go
 
-.PHONY: all build setup image demo test test-short doctor bench clean vet
+.PHONY: all build setup image demo test doctor bench bench-smoke clean vet
 
 all: build
 
@@ -31,6 +31,14 @@ demo: setup build image
 
 test: setup build image vet
 	LF_REQUIRE_PRIV=1 LAZYFORK_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -p 1 ./...
+
+# The benchmark of issue/spec: CSVs, PNG plots and a Markdown summary in bench/results/.
+bench: setup build image
+	@bash bench/run.sh
+
+# A short run of the same benchmark that only checks it still works (CI runs it in make test).
+bench-smoke: build image
+	@bash bench/run.sh --smoke
 
 vet:
 	$(GO) vet ./...

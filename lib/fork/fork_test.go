@@ -405,3 +405,39 @@ func TestStopStartAndForkStopped(t *testing.T) {
 		t.Errorf("restarted hostname %q", h)
 	}
 }
+
+func TestShareMovesSourceOntoSnapshot(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	prog := "import os, time, itertools\nheap = bytearray(os.urandom(64 << 20))\nfor i in itertools.count():\n    print(i, flush=True)\n    time.sleep(0.1)\n"
+	src := create(t, rt, "shared", "python3", "-c", prog)
+	testutil.Eventually(t, 30*time.Second, "counting", func() bool { return lastInt(src) >= 3 })
+	if m := rt.Inspect(src).MemoryBytes; m < 64<<20 {
+		t.Fatalf("source holds %d MB before, want its 64 MB heap", m>>20)
+	}
+	forks, _, err := fork.Fork(ctx, rt, src, fork.Options{Share: true, RestoreOptions: fork.RestoreOptions{N: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, _ = rt.Tree.Get(src.ID)
+	at := lastInt(src)
+	testutil.Eventually(t, 10*time.Second, "source to count on after the move", func() bool { return lastInt(src) > at+2 })
+	for i, l := range logLines(src) {
+		if l != strconv.Itoa(i) {
+			t.Fatalf("source log line %d = %s: the move broke its count", i, l)
+		}
+	}
+	if h := execOut(t, rt, src, "hostname"); h != src.ID {
+		t.Errorf("source hostname after the move %q", h)
+	}
+	// The heap now lives once, in the family files, for parent and forks alike.
+	if m := rt.Inspect(src).MemoryBytes; m > 16<<20 {
+		t.Errorf("source holds %d MB after --share, want a few MB", m>>20)
+	}
+	if src.Family == "" || src.Family != forks[0].Family {
+		t.Errorf("source family %q, forks' %q", src.Family, forks[0].Family)
+	}
+	// And it can be forked again (a delta on the same family).
+	if _, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -15,6 +15,11 @@ import (
 type Options struct {
 	RestoreOptions
 	Force bool
+	// Share moves the source onto the snapshot too (it is dumped, ended and restored in
+	// place from the memory files, pausing it for a few hundred ms), so that the parent
+	// and its forks hold the heap once instead of twice. Not the default: the source gets
+	// a new host pid and, should its restore fail, is left stopped (`lazyfork start`).
+	Share bool
 }
 
 // Fork runs the whole pipeline on a container: dump it (it keeps running), move the
@@ -38,17 +43,37 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 			return nil, nil, err
 		}
 	}
-	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force})
+	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share})
 	if err != nil {
 		return nil, nil, err
 	}
+	keep := false
 	defer func() {
-		_ = RemoveSnapshot(s)
+		if !keep {
+			_ = RemoveSnapshot(s)
+		}
 		_ = GC(rt)
 	}()
-	if s, err = Memfile(ctx, s, MemfileOptions{Force: o.Force}); err != nil {
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force})
+	if o.Share {
+		// The source is gone since the dump: bring it back first, from the memory files
+		// if the rewrite worked, else from the plain image.
+		if err == nil {
+			s = m
+		}
+		if serr := MarkStopped(rt, c, s); serr != nil {
+			keep = true
+			return nil, s, serr
+		}
+		if rerr := resume(ctx, rt, c, s); rerr != nil {
+			keep = true // c stays stopped on s: `lazyfork start` retries
+			return nil, s, fmt.Errorf("fork %s --share: %w (it is stopped; `lazyfork start %s` restarts it)", displayName(c), rerr, displayName(c))
+		}
+	}
+	if err != nil {
 		return nil, nil, err
 	}
+	s = m
 	forks, err := Restore(ctx, rt, s, o.RestoreOptions)
 	return forks, s, err
 }
@@ -88,7 +113,7 @@ func MarkStopped(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 
 // Start restores a stopped container from its snapshot, in place: same id, name and
 // upper layer.
-func Start(ctx context.Context, rt *runtime.Runtime, c *tree.Container) (retErr error) {
+func Start(ctx context.Context, rt *runtime.Runtime, c *tree.Container) error {
 	if c.State != tree.StateStopped {
 		return fmt.Errorf("start %s: it is %s, not stopped", displayName(c), rt.State(c))
 	}
@@ -96,6 +121,15 @@ func Start(ctx context.Context, rt *runtime.Runtime, c *tree.Container) (retErr 
 	if err != nil {
 		return fmt.Errorf("start %s: %w", displayName(c), err)
 	}
+	if err := resume(ctx, rt, c, s); err != nil {
+		return err
+	}
+	_ = RemoveSnapshot(s)
+	return GC(rt)
+}
+
+// resume restores stopped c from s in place. On failure c is stopped as before.
+func resume(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) (retErr error) {
 	if err := checkRestorable(s); err != nil {
 		return err
 	}
@@ -115,9 +149,5 @@ func Start(ctx context.Context, rt *runtime.Runtime, c *tree.Container) (retErr 
 		return fmt.Errorf("start %s: %w", displayName(c), err)
 	}
 	c.Snapshot = ""
-	if err := rt.Tree.Put(c); err != nil {
-		return err
-	}
-	_ = RemoveSnapshot(s)
-	return GC(rt)
+	return rt.Tree.Put(c)
 }
