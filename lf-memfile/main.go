@@ -10,16 +10,20 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/memfile"
 	"github.com/lazyfork/lazyfork/lib/stage"
 )
 
 type cli struct {
-	Snapshot      string `arg:"" optional:"" help:"Snapshot directory or id (default: snapshot JSON on stdin)."`
+	Snapshot      string `arg:"" optional:"" help:"Snapshot directory or id (default: snapshot JSON on stdin), or a raw CRIU image directory."`
+	FamilyDir     string `help:"Raw CRIU image mode: tmpfs directory for the memory files (default: <images>.mem beside it)."`
+	MountPath     string `help:"Raw CRIU image mode: path at which the restored task sees the memory files (default: the family dir itself)."`
 	Force         bool   `help:"Rewrite even if the image maps jemalloc, mimalloc or tcmalloc."`
 	NoFilePrivate bool   `help:"Leave copied-on-write library pages in the image (per-fork floor ~2 MB)."`
 	Rebase        *bool  `help:"Force (or with --no-rebase forbid) writing fresh memory files for a fork's delta." negatable:""`
@@ -39,6 +43,9 @@ func main() {
 func run(ctx context.Context, c cli) error {
 	var s *stage.Snapshot
 	var err error
+	if c.Snapshot != "" && isRawImage(c.Snapshot) {
+		return rewriteRaw(ctx, c)
+	}
 	if c.Snapshot != "" {
 		s, err = fork.LoadSnapshot(c.Snapshot)
 	} else {
@@ -55,4 +62,37 @@ func run(ctx context.Context, c cli) error {
 	fmt.Fprintf(os.Stderr, "memfiled %s: %d files, %d pages moved (%.1f MB in %.0f ms, %.0f MB/s), %d pages left in the image\n",
 		s.ID, m.Files, m.PagesMoved, float64(m.BytesWritten)/1e6, m.Ms, m.MBPerSec, m.PagesKept)
 	return json.NewEncoder(os.Stdout).Encode(s)
+}
+
+// isRawImage reports a CRIU image directory that did not come from lf-dump.
+func isRawImage(dir string) bool {
+	_, errImg := os.Stat(filepath.Join(dir, "inventory.img"))
+	_, errSnap := os.Stat(filepath.Join(dir, "snapshot.json"))
+	_, errParent := os.Stat(filepath.Join(filepath.Dir(dir), "snapshot.json"))
+	return errImg == nil && errSnap != nil && errParent != nil
+}
+
+// rewriteRaw runs the rewrite alone on any CRIU image, for debugging and teaching: the
+// image is rewritten in place and the memory files land in the family directory.
+func rewriteRaw(ctx context.Context, c cli) error {
+	dir, _ := filepath.Abs(c.Snapshot)
+	fam := c.FamilyDir
+	if fam == "" {
+		fam = dir + ".mem"
+	}
+	mount := c.MountPath
+	if mount == "" {
+		mount = fam
+	}
+	if err := os.MkdirAll(fam, 0o755); err != nil {
+		return err
+	}
+	res, err := memfile.Rewrite(ctx, memfile.Options{ImagesDir: dir, FamilyDir: fam, MountPath: mount,
+		ConvertFilePrivate: !c.NoFilePrivate, Prefix: "m", AllowAllocators: c.Force})
+	if err != nil {
+		_ = os.Remove(fam) // only if still empty
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "rewrote %s: %d files in %s, %d pages moved, %d left in the image\n", dir, len(res.Files), fam, res.PagesMoved, res.PagesKept)
+	return json.NewEncoder(os.Stdout).Encode(res)
 }

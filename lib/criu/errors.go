@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"syscall"
 )
@@ -21,6 +22,8 @@ type Error struct {
 	Err     error  // the underlying cause: context.DeadlineExceeded, an exit status, ...
 }
 
+// Error is one line: what failed, CRIU's first error from its log, and where the log is.
+// Detail has the quoted log lines.
 func (e *Error) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "criu %s", e.Op)
@@ -35,16 +38,40 @@ func (e *Error) Error() string {
 	if e.Message != "" {
 		fmt.Fprintf(&b, ": %s", e.Message)
 	}
+	if cause := firstCause(e.Excerpt); cause != "" {
+		fmt.Fprintf(&b, ": %s", cause)
+	} else if out := strings.TrimSpace(e.Output); out != "" {
+		fmt.Fprintf(&b, ": %s", strings.ReplaceAll(out, "\n", "; "))
+	}
+	if e.LogPath != "" {
+		fmt.Fprintf(&b, " (log: %s)", e.LogPath)
+	}
+	return b.String()
+}
+
+// Detail is the error with CRIU's output and the quoted log lines, for a verbose report.
+func (e *Error) Detail() string {
+	var b strings.Builder
+	b.WriteString(e.Error())
 	if e.Output != "" {
 		fmt.Fprintf(&b, "\ncriu output: %s", e.Output)
 	}
-	if e.LogPath != "" {
-		fmt.Fprintf(&b, "\nlog %s", e.LogPath)
-		if e.Excerpt != "" {
-			fmt.Fprintf(&b, ":\n%s", e.Excerpt)
-		}
+	if e.Excerpt != "" {
+		fmt.Fprintf(&b, "\n%s", e.Excerpt)
 	}
 	return b.String()
+}
+
+var causeRe = regexp.MustCompile(`Error \([^)]*\):\s*(.*)$`)
+
+// firstCause extracts the message of the first "Error (file:line): msg" log line.
+func firstCause(excerpt string) string {
+	for _, l := range strings.Split(excerpt, "\n") {
+		if m := causeRe.FindStringSubmatch(l); m != nil {
+			return strings.TrimSpace(m[1])
+		}
+	}
+	return ""
 }
 
 func (e *Error) Unwrap() error { return e.Err }

@@ -75,6 +75,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		Dir: filepath.Join(paths.Snapshots(), id), Created: time.Now().UTC(),
 		Source:      stage.Source{ID: c.ID, Name: c.Name, Depth: c.Depth, Pid: c.Pid},
 		LeftRunning: !o.Exit,
+		Owner:       os.Getpid(),
 		Family:      c.Family,
 		Layer:       filepath.Join(LayersDir(), id),
 		Image:       c.Image, Command: c.Command, Env: c.Env, WorkingDir: c.WorkingDir, Hook: c.Hook,
@@ -127,7 +128,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	if err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
-	s.State = stage.SnapDumped
+	s.State, s.Owner = stage.SnapDumped, 0
 	s.Dump = stage.DumpStats{
 		WallMs: stage.Ms(res.Wall), FrozenMs: stage.Ms(res.Frozen), LayerMs: stage.Ms(layerTime),
 		PagesWritten: res.PagesWritten, PagesScanned: res.PagesScanned, ImageBytes: dirBytes(s.ImagesDir),

@@ -52,7 +52,8 @@ func GC(rt *runtime.Runtime) error {
 		return err
 	}
 	for _, s := range snaps {
-		if _, ok := live[s.Source.ID]; !ok && !snapsKept[s.ID] {
+		abandoned := s.Owner > 0 && unix.Kill(s.Owner, 0) != nil
+		if (abandoned || live[s.Source.ID] == nil) && !snapsKept[s.ID] {
 			errs = append(errs, RemoveSnapshot(s))
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/runtime"
@@ -47,6 +48,10 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 	if err != nil {
 		return nil, nil, err
 	}
+	s.Owner = os.Getpid() // transient: GC drops it if this process dies
+	if err := Save(s); err != nil {
+		return nil, nil, err
+	}
 	keep := false
 	defer func() {
 		if !keep {
@@ -61,6 +66,8 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 		if err == nil {
 			s = m
 		}
+		s.Owner = 0 // until the source runs again, the snapshot is the source
+		_ = Save(s)
 		if serr := MarkStopped(rt, c, s); serr != nil {
 			keep = true
 			return nil, s, serr
@@ -69,6 +76,8 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 			keep = true // c stays stopped on s: `lazyfork start` retries
 			return nil, s, fmt.Errorf("fork %s --share: %w (it is stopped; `lazyfork start %s` restarts it)", displayName(c), rerr, displayName(c))
 		}
+		s.Owner = os.Getpid()
+		_ = Save(s)
 	}
 	if err != nil {
 		return nil, nil, err

@@ -43,6 +43,9 @@ type Snapshot struct {
 	ImagesDir string    `json:"images_dir"` // the CRIU image (read-only once memfiled)
 	Created   time.Time `json:"created"`
 	Source    Source    `json:"source"`
+	// Owner is the pid of the process using the snapshot as a transient step (a dump in
+	// progress, a porcelain fork); once that process is gone the snapshot is garbage.
+	Owner int `json:"owner,omitempty"`
 	// LeftRunning is false when the dump ended the source (lf-dump --exit, lazyfork stop).
 	LeftRunning bool `json:"left_running"`
 
