@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +22,9 @@ import (
 
 // leftovers summarises everything a failed fork could leave behind: records, mounts,
 // snapshots, memory files, frozen layers and cgroups under the containers' parent.
-func leftovers(t *testing.T, rt interface{ List() ([]*tree.Container, error) }) string {
+func leftovers(t *testing.T, rt interface {
+	List() ([]*tree.Container, error)
+}) string {
 	t.Helper()
 	recs, _ := rt.List()
 	count := func(dir string) int { e, _ := os.ReadDir(dir); return len(e) }
@@ -40,18 +43,7 @@ func leftovers(t *testing.T, rt interface{ List() ([]*tree.Container, error) }) 
 	}, " ")
 }
 
-func itoa(i int) string { return strings.TrimSpace(strings.Repeat(" ", 0) + fmtInt(i)) }
-
-func fmtInt(i int) string {
-	if i == 0 {
-		return "0"
-	}
-	s := ""
-	for ; i > 0; i /= 10 {
-		s = string(rune('0'+i%10)) + s
-	}
-	return s
-}
+func itoa(i int) string { return strconv.Itoa(i) }
 
 func countCgroupDirs() int {
 	n := 0
