@@ -172,7 +172,6 @@ func (s *Store) pull(ctx context.Context, ref string, opts GetOptions) (*Image, 
 	}
 	ct := &countingTransport{base: remote.DefaultTransport}
 	prog := newProgress(opts.Progress, &ct.n)
-	prog.printf("pull %s\n", key)
 	src, err := remote.Image(r,
 		remote.WithContext(ctx),
 		remote.WithAuthFromKeychain(authn.DefaultKeychain),
@@ -180,8 +179,9 @@ func (s *Store) pull(ctx context.Context, ref string, opts GetOptions) (*Image, 
 		remote.WithTransport(ct),
 		remote.WithUserAgent("lazyfork"))
 	if err != nil {
-		return nil, fmt.Errorf("pull %s: %s", key, oneLine(err))
+		return nil, fmt.Errorf("unknown image %s: not in the local store (lazyfork image list) and the pull of %s failed: %s", ref, key, oneLine(err))
 	}
+	prog.printf("pull %s\n", key)
 	dg, err := src.Digest()
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", key, err)

@@ -626,7 +626,7 @@ func TestUnknownRef(t *testing.T) {
 	ref := startRegistry(t, "test/img:v1", empty.Image)
 	missing := strings.Replace(ref, "test/img", "test/missing", 1)
 	_, err = s.Get(context.Background(), missing, GetOptions{})
-	if err == nil || !strings.Contains(err.Error(), "pull "+missing) || strings.Contains(err.Error(), "\n") {
+	if err == nil || !strings.Contains(err.Error(), "the pull of "+missing) || strings.Contains(err.Error(), "\n") {
 		t.Errorf("Get of a missing repository: %v", err)
 	}
 }
