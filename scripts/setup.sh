@@ -19,7 +19,7 @@ apt_updated=
 apt_update() { [ -n "$apt_updated" ] || { apt-get update -qq >&2; apt_updated=1; }; }
 
 pkgs=()
-for p in debootstrap python3 iproute2 util-linux e2fsprogs; do
+for p in debootstrap python3 busybox-static util-linux procps; do
   dpkg -s "$p" >/dev/null 2>&1 || pkgs+=("$p")
 done
 if [ ${#pkgs[@]} -gt 0 ]; then

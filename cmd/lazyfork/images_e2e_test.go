@@ -29,7 +29,7 @@ func busyboxImage(t *testing.T) v1.Image {
 	t.Helper()
 	bb, err := os.ReadFile("/bin/busybox")
 	if err != nil {
-		t.Skip("needs busybox-static on the host (apt-get install busybox-static)")
+		t.Fatal("needs busybox-static on the host: run `make setup`")
 	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
