@@ -273,3 +273,74 @@ func TestDeleteLeavesNothing(t *testing.T) {
 		t.Errorf("tmpfs files left: %s", left)
 	}
 }
+
+// `lazyfork fork` SIGKILLed in the middle of a batch: whole forks may stay (they are
+// complete containers), half-made ones are collected by the next gc, and the source runs on.
+func TestKilledMidBatch(t *testing.T) {
+	e := newEnv(t)
+	e.must("lazyfork create lazyfork/debian:bookworm --name src -- " + counter)
+	time.Sleep(time.Second)
+	cmd := exec.Command(filepath.Join(binDir, "lazyfork"), "fork", "src", "-n", "12")
+	cmd.Env = append(os.Environ(), e.vars...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, "the batch to be under way", func() bool {
+		out, _, _ := e.sh("lazyfork list --json | grep -c '\"parent\": \"'")
+		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		return n >= 2
+	})
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	time.Sleep(500 * time.Millisecond) // let criu children finish or die
+	e.must("lazyfork gc")
+	out := e.must("lazyfork list --json")
+	if strings.Contains(out, `"creating"`) {
+		t.Errorf("half-made forks left after gc:\n%s", out)
+	}
+	var rows []struct{ ID, State string }
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.State != "running" {
+			t.Errorf("%s is %s after the kill", r.ID, r.State)
+			continue
+		}
+		e.must("lazyfork exec " + r.ID + " -- true")
+	}
+	if snaps := e.must("ls -A " + e.run + "/snapshots 2>/dev/null || true"); snaps != "" {
+		t.Errorf("transient snapshot of the killed command left: %s", snaps)
+	}
+}
+
+func TestOverlayAndTreeStagesAlone(t *testing.T) {
+	e := newEnv(t)
+	d := t.TempDir()
+	low := filepath.Join(d, "low")
+	os.MkdirAll(low, 0o755)
+	os.WriteFile(filepath.Join(low, "f"), []byte("lower"), 0o644)
+	layer := e.must("lf-overlay prepare --lower " + low + " --upper " + d + "/up --work " + d + "/wk --target " + d + "/mnt")
+	if b, _ := os.ReadFile(filepath.Join(d, "mnt", "f")); string(b) != "lower" {
+		t.Fatalf("overlay does not show the lower layer: %q", b)
+	}
+	os.WriteFile(filepath.Join(d, "mnt", "g"), []byte("up"), 0o644)
+	if _, err := os.Stat(filepath.Join(d, "up", "g")); err != nil {
+		t.Errorf("write did not land in the upper: %v", err)
+	}
+	e.must("echo '" + layer + "' | lf-overlay teardown")
+	if fsutil.IsMountPoint(filepath.Join(d, "mnt")) {
+		t.Errorf("still mounted after teardown")
+	}
+	if _, err := os.Stat(filepath.Join(low, "f")); err != nil {
+		t.Errorf("teardown touched the lower layer: %v", err)
+	}
+	id := e.must("lazyfork create lazyfork/debian:bookworm --name treeme -- sleep 1000")
+	rec := e.must("lf-tree get treeme")
+	if !strings.Contains(rec, `"id":"`+id+`"`) {
+		t.Errorf("lf-tree get: %s", rec)
+	}
+	if n := len(strings.Split(e.must("lf-tree list"), "\n")); n != 1 {
+		t.Errorf("lf-tree list: %d lines", n)
+	}
+}
