@@ -86,7 +86,7 @@ func (c *execCmd) Run(ctx context.Context, g *Globals) error {
 
 type shellCmd struct {
 	Container string `arg:"" help:"Name, id or unique id prefix."`
-	Shell     string `default:"/bin/sh" help:"Shell to run."`
+	Shell     string `help:"Shell to run (default: bash if the image has it, else sh)."`
 }
 
 func (c *shellCmd) Run(ctx context.Context, g *Globals) error {
@@ -103,8 +103,12 @@ func (c *shellCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	// The shell shares this terminal; Ctrl-C belongs to it, not to us.
 	signal.Ignore(os.Interrupt)
+	args := []string{"sh", "-c", "command -v bash >/dev/null && exec bash -i || exec sh -i"}
+	if c.Shell != "" {
+		args = []string{c.Shell, "-i"}
+	}
 	res, err := rt.Exec(context.Background(), ct, runtime.ExecOptions{
-		Args: []string{c.Shell, "-i"}, Env: []string{"TERM=" + os.Getenv("TERM"), "PS1=" + ct.Hostname + ":\\w# "},
+		Args: args, Env: []string{"TERM=" + os.Getenv("TERM"), "PS1=" + ct.Hostname + ":\\w# "},
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 	})
 	if err != nil {
