@@ -394,3 +394,16 @@ func (c *Cgroup) FreezerDir() string {
 	d, _ := c.dir(k)
 	return d
 }
+
+// ProcsFiles lists the group's cgroup.procs file in every hierarchy: a process that
+// writes "0" to each joins the group (how criu is put in a fork's group before it
+// clones the fork's tasks, so their kernel allocations are charged to the fork).
+func (c *Cgroup) ProcsFiles() []string {
+	var out []string
+	for _, k := range c.keys() {
+		if dir, err := c.dir(k); err == nil {
+			out = append(out, filepath.Join(dir, "cgroup.procs"))
+		}
+	}
+	return out
+}

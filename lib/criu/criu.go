@@ -85,7 +85,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		kdat = ""
 	}
 	t := rpc.CriuReqType_DUMP
-	res, err := swrk(ctx, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, o.Notify)
+	res, err := swrk(ctx, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, nil, o.Notify)
 	logPath := filepath.Join(workDir, opts.GetLogFile())
 	if err != nil || !res.resp.GetSuccess() {
 		if o.FreezeCgroup != "" && ctx.Err() != nil {
@@ -143,7 +143,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		kdat = ""
 	}
 	t := rpc.CriuReqType_RESTORE
-	res, err := swrk(ctx, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, o.Notify)
+	res, err := swrk(ctx, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, o.JoinCgroup, o.Notify)
 	logPath := filepath.Join(o.WorkDir, opts.GetLogFile())
 	if !res.kdat {
 		unmountYardLeftovers(o.WorkDir)
@@ -176,7 +176,7 @@ func Version(ctx context.Context) (major, minor, patch int, err error) {
 	ctx, cancel := withDeadline(ctx, 0)
 	defer cancel()
 	t := rpc.CriuReqType_VERSION
-	res, err := swrk(ctx, &rpc.CriuReq{Type: &t}, "", nil)
+	res, err := swrk(ctx, &rpc.CriuReq{Type: &t}, "", nil, nil)
 	if err != nil || !res.resp.GetSuccess() {
 		return 0, 0, 0, callError("version", res, "", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,41 +22,59 @@ const KdatHelperArg = "__lazyfork_criu_kdat"
 var helperReady bool
 
 // MaybeKdatHelper must be called first thing in main (and TestMain) of every binary that
-// runs criu: in the helper it never returns; otherwise it enables the probe cache.
+// runs criu: in the helper it never returns; otherwise it enables the helper. The helper
+// optionally joins cgroups (cgroup.procs files, ':'-separated) and enters the probe-cache
+// mount namespace, then execs criu.
 func MaybeKdatHelper() {
-	if len(os.Args) < 4 || os.Args[1] != KdatHelperArg {
+	if len(os.Args) < 5 || os.Args[1] != KdatHelperArg {
 		helperReady = true
 		return
 	}
 	runtime.LockOSThread()
-	dir, criu := os.Args[2], os.Args[3]
-	if err := enterKdatNS(dir); err != nil {
-		// Only an optimisation: criu still works, it just probes the kernel again.
-		fmt.Fprintf(os.Stderr, "lazyfork: criu probe cache unavailable: %v\n", err)
+	dir, procs, criu := os.Args[2], os.Args[3], os.Args[4]
+	if procs != "" {
+		for _, f := range strings.Split(procs, ":") {
+			if err := os.WriteFile(f, []byte("0"), 0); err != nil {
+				fmt.Fprintf(os.Stderr, "lazyfork: join cgroup %s: %v\n", f, err)
+				os.Exit(127)
+			}
+		}
 	}
-	err := unix.Exec(criu, os.Args[3:], os.Environ())
+	if dir != "" {
+		if err := enterKdatNS(dir); err != nil {
+			// Only an optimisation: criu still works, it just probes the kernel again.
+			fmt.Fprintf(os.Stderr, "lazyfork: criu probe cache unavailable: %v\n", err)
+		}
+	}
+	err := unix.Exec(criu, os.Args[4:], os.Environ())
 	fmt.Fprintf(os.Stderr, "lazyfork: exec %s: %v\n", criu, err)
 	os.Exit(127)
 }
 
-// start starts cmd; when kdatDir is usable and this binary has the helper, inside a new
-// mount namespace in which the cache directory is bind-mounted over /run. It reports
-// whether that namespace was used.
-func start(cmd *exec.Cmd, kdatDir string) (bool, error) {
-	if kdatDir == "" || !helperReady {
+// start starts cmd. Through the helper (when this binary has it) criu first joins the
+// cgroups whose cgroup.procs files are given and, when kdatDir is usable, enters a mount
+// namespace where the cache directory is bound over /run. It reports whether the cache
+// namespace was used.
+func start(cmd *exec.Cmd, kdatDir string, joinProcs []string) (bool, error) {
+	if !helperReady || (kdatDir == "" && len(joinProcs) == 0) {
 		return false, cmd.Start()
 	}
-	dir, err := kdatCacheDir(kdatDir, cmd.Path)
-	if err != nil {
+	dir := ""
+	if kdatDir != "" {
+		if d, err := kdatCacheDir(kdatDir, cmd.Path); err == nil {
+			dir = d
+		}
+	}
+	if dir == "" && len(joinProcs) == 0 {
 		return false, cmd.Start()
 	}
 	self, err := os.Executable()
 	if err != nil {
 		return false, cmd.Start()
 	}
-	cmd.Args = append([]string{self, KdatHelperArg, dir, cmd.Path}, cmd.Args[1:]...)
+	cmd.Args = append([]string{self, KdatHelperArg, dir, strings.Join(joinProcs, ":"), cmd.Path}, cmd.Args[1:]...)
 	cmd.Path = self
-	return true, cmd.Start()
+	return dir != "", cmd.Start()
 }
 
 // enterKdatNS moves the calling (locked) thread into a new mount namespace whose mounts are

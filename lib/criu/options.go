@@ -132,7 +132,11 @@ type RestoreOptions struct {
 	LogLevel       int    // 0 means DefaultLogLevel
 	Timeout        time.Duration
 	KdatDir        string // see DumpOptions.KdatDir
-	Notify         NotifyFunc
+	// JoinCgroup lists cgroup.procs files criu joins before it starts, so the kernel
+	// memory of cloning the tree (task structs, stacks, namespaces) is charged to the
+	// restored tree's group rather than to the caller's.
+	JoinCgroup []string
+	Notify     NotifyFunc
 }
 
 // criuOpts translates DumpOptions into CRIU's RPC options; the fds are the caller's.

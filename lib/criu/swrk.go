@@ -52,7 +52,7 @@ type swrkResult struct {
 // response. It returns an error when criu could not be run, failed (resp.success false), did
 // not answer, or the deadline passed; criu is SIGKILLed on deadline or cancel and always
 // reaped before swrk returns.
-func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, notify NotifyFunc) (res swrkResult, retErr error) {
+func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc) (res swrkResult, retErr error) {
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
@@ -89,7 +89,7 @@ func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, notify NotifyFu
 	cmd.ExtraFiles = []*os.File{server}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = criuEnv()
-	if res.kdat, err = start(cmd, kdatDir); err != nil {
+	if res.kdat, err = start(cmd, kdatDir, joinProcs); err != nil {
 		return res, fmt.Errorf("start criu: %w", err)
 	}
 	// Our copy of criu's end must go, so that a crashed criu reads as EOF, not a hang.
