@@ -8,12 +8,12 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/term"
 
-	"github.com/lazyfork/lazyfork/lib/fork"
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/client"
 )
 
 type createCmd struct {
@@ -21,28 +21,32 @@ type createCmd struct {
 	Command []string `arg:"" optional:"" passthrough:"" help:"Command to run as the container's pid 1 (after --)."`
 	Name    string   `short:"n" help:"Name for the container."`
 	Env     []string `short:"e" help:"Environment variable KEY=VALUE (repeatable)."`
-	Hook    string   `help:"Path of a unix socket inside the container that the runtime hook listens on."`
-	JSON    bool     `help:"Print the container record as JSON."`
+	Hook    string   `help:"Path of a unix socket inside the container on which the workload answers QUIESCE and RESEED (see lazyfork/hook.py); also given to it as $LAZYFORK_HOOK."`
+	JSON    bool     `help:"Print the container as JSON."`
 }
 
 func (c *createCmd) Run(ctx context.Context, g *Globals) error {
-	rt, err := g.open()
+	e, err := g.engine(ctx)
 	if err != nil {
 		return err
 	}
-	cmd := c.Command
-	if len(cmd) > 0 && cmd[0] == "--" {
-		cmd = cmd[1:]
-	}
-	ct, err := rt.Create(ctx, runtime.CreateOptions{Image: c.Image, Name: c.Name, Command: cmd, Env: c.Env, Hook: c.Hook, Progress: os.Stderr})
+	in, err := e.Create(ctx, client.CreateRequest{Image: c.Image, Name: c.Name, Command: dashdash(c.Command), Env: c.Env, Hook: c.Hook}, os.Stderr)
 	if err != nil {
 		return err
 	}
 	if c.JSON {
-		return printJSON(ct)
+		return printJSON(in)
 	}
-	fmt.Println(ct.ID)
+	fmt.Println(in.ID)
 	return nil
+}
+
+// dashdash drops the "--" that separates a command from lazyfork's own flags.
+func dashdash(args []string) []string {
+	if len(args) > 0 && args[0] == "--" {
+		return args[1:]
+	}
+	return args
 }
 
 type execCmd struct {
@@ -55,31 +59,37 @@ type execCmd struct {
 }
 
 func (c *execCmd) Run(ctx context.Context, g *Globals) error {
-	rt, err := g.open()
+	e, err := g.engine(ctx)
 	if err != nil {
 		return err
 	}
-	ct, err := rt.Tree.Resolve(c.Container)
-	if err != nil {
-		return err
-	}
-	args := c.Command
-	if len(args) > 0 && args[0] == "--" {
-		args = args[1:]
-	}
-	o := runtime.ExecOptions{Args: args, Env: c.Env, Cwd: c.Cwd, Timeout: c.Timeout}
-	if !c.JSON {
-		o.Stdin, o.Stdout, o.Stderr = os.Stdin, os.Stdout, os.Stderr
-	}
-	res, err := rt.Exec(ctx, ct, o)
-	if err != nil {
-		return err
-	}
+	req := client.ExecRequest{Argv: dashdash(c.Command), Env: c.Env, Cwd: c.Cwd, Timeout: c.Timeout.Seconds()}
 	if c.JSON {
+		res, err := e.Exec(ctx, c.Container, req)
+		if err != nil {
+			return err
+		}
 		return printJSON(res)
 	}
-	if res.ExitCode != 0 {
-		return exitError{res.ExitCode}
+	code, err := e.ExecStream(ctx, c.Container, req, client.Stdio{Stdin: stdinFor(e), Stdout: os.Stdout, Stderr: os.Stderr})
+	return exitCode(code, err)
+}
+
+// stdinFor is what an exec reads: this process's stdin, except that a terminal is not
+// forwarded to a daemon (a command without --tty would only steal keystrokes).
+func stdinFor(e engine) io.Reader {
+	if _, ok := e.(viaDaemon); ok && term.IsTerminal(int(os.Stdin.Fd())) {
+		return nil
+	}
+	return os.Stdin
+}
+
+func exitCode(code int, err error) error {
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return exitError{code}
 	}
 	return nil
 }
@@ -90,34 +100,64 @@ type shellCmd struct {
 }
 
 func (c *shellCmd) Run(ctx context.Context, g *Globals) error {
-	rt, err := g.open()
+	e, err := g.engine(ctx)
 	if err != nil {
 		return err
 	}
-	ct, err := rt.Tree.Resolve(c.Container)
+	in, err := e.Get(ctx, c.Container)
 	if err != nil {
 		return err
 	}
-	if !term.IsTerminal(int(os.Stdin.Fd())) {
+	fd := int(os.Stdin.Fd())
+	if !term.IsTerminal(fd) {
 		return fmt.Errorf("shell needs a terminal; use `lazyfork exec %s -- CMD` from scripts", c.Container)
 	}
-	// The shell shares this terminal; Ctrl-C belongs to it, not to us.
-	signal.Ignore(os.Interrupt)
 	args := []string{"sh", "-c", "command -v bash >/dev/null && exec bash -i || exec sh -i"}
 	if c.Shell != "" {
 		args = []string{c.Shell, "-i"}
 	}
-	res, err := rt.Exec(context.Background(), ct, runtime.ExecOptions{
-		Args: args, Env: []string{"TERM=" + os.Getenv("TERM"), "PS1=" + ct.Hostname + ":\\w# "},
-		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
-	})
-	if err != nil {
-		return err
+	req := client.ExecRequest{Argv: args, Env: []string{"TERM=" + os.Getenv("TERM"), "PS1=" + in.ID + ":\\w# "}}
+	stdio := client.Stdio{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}
+	// The shell owns this terminal; Ctrl-C belongs to it, not to us.
+	signal.Ignore(os.Interrupt)
+	if _, ok := e.(viaDaemon); ok {
+		// Through the daemon: the shell gets a terminal there, this one goes raw.
+		req.TTY = true
+		if w, h, err := term.GetSize(fd); err == nil {
+			req.Rows, req.Cols = uint16(h), uint16(w)
+		}
+		old, err := term.MakeRaw(fd)
+		if err != nil {
+			return err
+		}
+		defer term.Restore(fd, old)
+		stdio.Resize = resizes(ctx, fd)
 	}
-	if res.ExitCode != 0 {
-		return exitError{res.ExitCode}
-	}
-	return nil
+	return exitCode(e.ExecStream(context.Background(), c.Container, req, stdio))
+}
+
+// resizes reports this terminal's size whenever it changes.
+func resizes(ctx context.Context, fd int) <-chan [2]uint16 {
+	ch := make(chan [2]uint16, 1)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGWINCH)
+	go func() {
+		defer signal.Stop(sig)
+		for {
+			select {
+			case <-sig:
+				if w, h, err := term.GetSize(fd); err == nil {
+					select {
+					case ch <- [2]uint16{uint16(h), uint16(w)}:
+					default:
+					}
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ch
 }
 
 type attachCmd struct {
@@ -126,91 +166,52 @@ type attachCmd struct {
 }
 
 func (c *attachCmd) Run(ctx context.Context, g *Globals) error {
-	rt, err := g.open()
+	e, err := g.engine(ctx)
 	if err != nil {
 		return err
 	}
-	ct, err := rt.Tree.Resolve(c.Container)
-	if err != nil {
+	if _, err := e.Get(ctx, c.Container); err != nil {
 		return err
 	}
-	f, err := os.Open(runtime.LogPath(ct))
-	if err != nil {
-		return fmt.Errorf("attach %s: %w", c.Container, err)
-	}
-	defer f.Close()
 	if !c.NoFollow {
 		fmt.Fprintf(os.Stderr, "attached to %s; Ctrl-C detaches\n", c.Container)
 	}
-	for {
-		if _, err := io.Copy(os.Stdout, f); err != nil {
-			return err
-		}
-		if c.NoFollow {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	return e.Logs(ctx, c.Container, !c.NoFollow, os.Stdout)
 }
 
 type freezeCmd struct {
 	Containers []string `arg:"" help:"Names, ids or unique id prefixes."`
 }
 
-func (c *freezeCmd) Run(g *Globals) error {
-	return eachContainer(g, c.Containers, func(rt *runtime.Runtime, ref string) error {
-		ct, err := rt.Tree.Resolve(ref)
-		if err != nil {
-			return err
-		}
-		return rt.Freeze(ct)
-	})
+func (c *freezeCmd) Run(ctx context.Context, g *Globals) error {
+	return eachContainer(ctx, g, c.Containers, engine.Freeze)
 }
 
 type thawCmd struct {
 	Containers []string `arg:"" help:"Names, ids or unique id prefixes."`
 }
 
-func (c *thawCmd) Run(g *Globals) error {
-	return eachContainer(g, c.Containers, func(rt *runtime.Runtime, ref string) error {
-		ct, err := rt.Tree.Resolve(ref)
-		if err != nil {
-			return err
-		}
-		return rt.Thaw(ct)
-	})
+func (c *thawCmd) Run(ctx context.Context, g *Globals) error {
+	return eachContainer(ctx, g, c.Containers, engine.Thaw)
 }
 
 type deleteCmd struct {
 	Containers []string `arg:"" help:"Names, ids or unique id prefixes."`
 }
 
-func (c *deleteCmd) Run(g *Globals) error {
-	return eachContainer(g, c.Containers, func(rt *runtime.Runtime, ref string) error {
-		ct, err := rt.Tree.Resolve(ref)
-		if err != nil {
-			return err
-		}
-		if err := rt.Delete(ct); err != nil {
-			return err
-		}
-		return fork.GC(rt)
-	})
+func (c *deleteCmd) Run(ctx context.Context, g *Globals) error {
+	return eachContainer(ctx, g, c.Containers, engine.Delete)
 }
 
-// eachContainer runs fn for every reference and reports every failure, not just the first.
-func eachContainer(g *Globals, refs []string, fn func(*runtime.Runtime, string) error) error {
-	rt, err := g.open()
+// eachContainer runs op for every reference and reports every failure, not just the first.
+func eachContainer(ctx context.Context, g *Globals, refs []string, op func(engine, context.Context, string) error) error {
+	e, err := g.engine(ctx)
 	if err != nil {
 		return err
 	}
 	var failed []string
 	for _, ref := range refs {
-		if err := fn(rt, ref); err != nil {
+		if err := op(e, ctx, ref); err != nil {
 			fmt.Fprintf(os.Stderr, "lazyfork: %v\n", err)
 			failed = append(failed, ref)
 			continue
@@ -228,12 +229,12 @@ type listCmd struct {
 	Quiet bool `short:"q" help:"Print ids only."`
 }
 
-func (c *listCmd) Run(g *Globals) error {
-	rt, err := g.open()
+func (c *listCmd) Run(ctx context.Context, g *Globals) error {
+	e, err := g.engine(ctx)
 	if err != nil {
 		return err
 	}
-	rows, err := rt.List()
+	rows, err := e.List(ctx)
 	if err != nil {
 		return err
 	}

@@ -9,13 +9,11 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/term"
 
-	"github.com/lazyfork/lazyfork/lib/fork"
-	"github.com/lazyfork/lazyfork/lib/runtime"
-	"github.com/lazyfork/lazyfork/lib/stage"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/client"
 )
 
 type forkCmd struct {
@@ -24,41 +22,44 @@ type forkCmd struct {
 	Name      []string `help:"Name for a fork (repeat for several)."`
 	Force     bool     `help:"Fork even if the workload uses an allocator that relies on MADV_DONTNEED zero-fill."`
 	Share     bool     `help:"Move the source onto the snapshot too (pauses it ~0.4 s), so parent and forks hold its memory once."`
-	JSON      bool     `help:"Print one JSON line per fork."`
+	hookFlags
+	JSON bool `help:"Print one JSON line per fork."`
+}
+
+// hookFlags choose what happens when a container's runtime hook does not answer.
+type hookFlags struct {
+	HookTimeout time.Duration `help:"How long the runtime hook may take to answer QUIESCE or RESEED (default 5s)."`
+	HookForce   bool          `help:"Snapshot anyway when the runtime hook does not answer in time (default: fail)."`
+}
+
+func (h hookFlags) options() client.HookOptions {
+	return client.HookOptions{HookTimeout: h.HookTimeout.Seconds(), HookForce: h.HookForce}
 }
 
 func (c *forkCmd) Run(ctx context.Context, g *Globals) error {
-	rt, err := g.open()
+	e, err := g.engine(ctx)
 	if err != nil {
 		return err
 	}
-	src, err := rt.Tree.Resolve(c.Container)
-	if err != nil {
-		return err
-	}
-	n := c.N
-	if len(c.Name) > n {
-		n = len(c.Name)
-	}
+	n := max(c.N, len(c.Name))
 	var done atomic.Int32
 	bar := term.IsTerminal(int(os.Stderr.Fd())) && n > 1
-	forks, _, err := fork.Fork(ctx, rt, src, fork.Options{Force: c.Force, Share: c.Share, RestoreOptions: fork.RestoreOptions{
-		N: n, Names: c.Name,
-		OnFork: func(f stage.Fork) {
-			if bar {
-				d := int(done.Add(1))
-				w := 30 * d / n
-				fmt.Fprintf(os.Stderr, "\rforking %s [%s%s] %d/%d", c.Container, strings.Repeat("█", w), strings.Repeat(" ", 30-w), d, n)
-			}
-		},
-	}})
+	var onFork func(client.Fork)
+	if bar {
+		onFork = func(f client.Fork) {
+			d := int(done.Add(1))
+			w := 30 * d / n
+			fmt.Fprintf(os.Stderr, "\rforking %s [%s%s] %d/%d", c.Container, strings.Repeat("█", w), strings.Repeat(" ", 30-w), d, n)
+		}
+	}
+	res, err := e.Fork(ctx, c.Container, client.ForkRequest{N: n, Names: c.Name, Force: c.Force, Share: c.Share, HookOptions: c.hookFlags.options()}, onFork)
 	if bar {
 		fmt.Fprintln(os.Stderr)
 	}
 	if err != nil {
 		return err
 	}
-	for _, f := range forks {
+	for _, f := range res.Forks {
 		if c.JSON {
 			if err := printJSONLine(f); err != nil {
 				return err
@@ -72,15 +73,12 @@ func (c *forkCmd) Run(ctx context.Context, g *Globals) error {
 
 type stopCmd struct {
 	Containers []string `arg:"" help:"Names, ids or unique id prefixes."`
+	hookFlags
 }
 
 func (c *stopCmd) Run(ctx context.Context, g *Globals) error {
-	return eachContainer(g, c.Containers, func(rt *runtime.Runtime, ref string) error {
-		ct, err := rt.Tree.Resolve(ref)
-		if err != nil {
-			return err
-		}
-		_, err = fork.Stop(ctx, rt, ct)
+	return eachContainer(ctx, g, c.Containers, func(e engine, ctx context.Context, ref string) error {
+		_, err := e.Stop(ctx, ref, client.StopRequest{HookOptions: c.hookFlags.options()})
 		return err
 	})
 }
@@ -90,12 +88,9 @@ type startCmd struct {
 }
 
 func (c *startCmd) Run(ctx context.Context, g *Globals) error {
-	return eachContainer(g, c.Containers, func(rt *runtime.Runtime, ref string) error {
-		ct, err := rt.Tree.Resolve(ref)
-		if err != nil {
-			return err
-		}
-		return fork.Start(ctx, rt, ct)
+	return eachContainer(ctx, g, c.Containers, func(e engine, ctx context.Context, ref string) error {
+		_, err := e.Start(ctx, ref)
+		return err
 	})
 }
 
@@ -103,24 +98,24 @@ type treeCmd struct {
 	JSON bool `help:"Print the list with parents as JSON."`
 }
 
-func (c *treeCmd) Run(g *Globals) error {
-	rt, err := g.open()
+func (c *treeCmd) Run(ctx context.Context, g *Globals) error {
+	e, err := g.engine(ctx)
 	if err != nil {
 		return err
 	}
-	rows, err := rt.List()
+	rows, err := e.List(ctx)
 	if err != nil {
 		return err
 	}
 	if c.JSON {
 		return printJSON(rows)
 	}
-	kids := map[string][]runtime.Info{}
+	kids := map[string][]client.Info{}
 	ids := map[string]bool{}
 	for _, r := range rows {
 		ids[r.ID] = true
 	}
-	var roots []runtime.Info
+	var roots []client.Info
 	for _, r := range rows {
 		if r.Parent == "" || !ids[r.Parent] {
 			roots = append(roots, r)
@@ -128,8 +123,8 @@ func (c *treeCmd) Run(g *Globals) error {
 			kids[r.Parent] = append(kids[r.Parent], r)
 		}
 	}
-	var draw func(r runtime.Info, prefix string, last, top bool)
-	draw = func(r runtime.Info, prefix string, last, top bool) {
+	var draw func(r client.Info, prefix string, last, top bool)
+	draw = func(r client.Info, prefix string, last, top bool) {
 		branch, next := "├── ", "│   "
 		if last {
 			branch, next = "└── ", "    "
@@ -164,38 +159,14 @@ type statsCmd struct {
 	JSON      bool   `help:"Print JSON."`
 }
 
-type containerStats struct {
-	runtime.Info
-	Rss         uint64             `json:"rss_bytes"`
-	Cache       uint64             `json:"cache_bytes"`
-	Kmem        uint64             `json:"kmem_bytes"`
-	MappedFile  uint64             `json:"mapped_file_bytes"`
-	Family      string             `json:"family,omitempty"`
-	FamilyBytes int64              `json:"family_bytes"`
-	Snapshot    *stage.Snapshot    `json:"snapshot,omitempty"`
-	Timings     map[string]float64 `json:"timings_ms,omitempty"`
-}
-
-func (c *statsCmd) Run(g *Globals) error {
-	rt, err := g.open()
+func (c *statsCmd) Run(ctx context.Context, g *Globals) error {
+	e, err := g.engine(ctx)
 	if err != nil {
 		return err
 	}
-	ct, err := rt.Tree.Resolve(c.Container)
+	st, err := e.Stats(ctx, c.Container)
 	if err != nil {
 		return err
-	}
-	st := containerStats{Info: rt.Inspect(ct), Family: ct.Family, Timings: ct.Timings}
-	if cg, err := runtime.Cgroup(ct); err == nil {
-		if s, err := cg.Stats(); err == nil {
-			st.Rss, st.Cache, st.Kmem, st.MappedFile = s.Rss, s.Cache, s.Kmem, s.MappedFile
-		}
-	}
-	if ct.Family != "" {
-		st.FamilyBytes = fork.FamilyBytes(ct.Family)
-	}
-	if ct.State == tree.StateStopped {
-		st.Snapshot, _ = fork.LoadSnapshot(ct.Snapshot)
 	}
 	switch {
 	case c.JSON:
@@ -235,10 +206,10 @@ func (c *statsCmd) Run(g *Globals) error {
 
 type gcCmd struct{}
 
-func (gcCmd) Run(g *Globals) error {
-	rt, err := g.open()
+func (gcCmd) Run(ctx context.Context, g *Globals) error {
+	e, err := g.engine(ctx)
 	if err != nil {
 		return err
 	}
-	return fork.GC(rt)
+	return e.GC(ctx)
 }

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/lazyfork/lazyfork/lib/doctor"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 type doctorCmd struct {
@@ -48,40 +48,14 @@ type statusCmd struct {
 	JSON bool `help:"Print JSON."`
 }
 
-type status struct {
-	Host       []doctor.Check `json:"host"`
-	Containers int            `json:"containers"`
-	Running    int            `json:"running"`
-	Frozen     int            `json:"frozen"`
-	Stopped    int            `json:"stopped"`
-	Exited     int            `json:"exited"`
-	Memory     int64          `json:"memory_bytes"`
-	Root       string         `json:"root"`
-	Run        string         `json:"run"`
-}
-
 func (c *statusCmd) Run(ctx context.Context, g *Globals) error {
-	rt, err := g.open()
+	e, err := g.engine(ctx)
 	if err != nil {
 		return err
 	}
-	rows, err := rt.List()
+	s, err := e.Status(ctx)
 	if err != nil {
 		return err
-	}
-	s := status{Host: doctor.Run(ctx, g.Run), Containers: len(rows), Root: g.Root, Run: g.Run}
-	for _, r := range rows {
-		s.Memory += r.MemoryBytes
-		switch r.State {
-		case tree.StateRunning:
-			s.Running++
-		case tree.StateFrozen:
-			s.Frozen++
-		case tree.StateStopped:
-			s.Stopped++
-		default:
-			s.Exited++
-		}
 	}
 	if c.JSON {
 		return printJSON(s)
@@ -96,5 +70,10 @@ func (c *statusCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Printf("\nstate: %s (persistent), %s (tmpfs)\n", s.Root, s.Run)
 	fmt.Printf("containers: %d (%d running, %d frozen, %d stopped, %d exited), memory %s\n",
 		s.Containers, s.Running, s.Frozen, s.Stopped, s.Exited, humanBytes(s.Memory))
+	if d := s.Daemon; d != nil {
+		fmt.Printf("daemon: pid %d on %s, up %s (version %s)\n", d.Pid, d.Socket, time.Since(d.Started).Round(time.Second), d.Version)
+	} else {
+		fmt.Println("daemon: not running (commands run in-process)")
+	}
 	return nil
 }

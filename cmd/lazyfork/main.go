@@ -21,6 +21,8 @@ type Globals struct {
 	Root         string `help:"Persistent state directory." env:"LAZYFORK_ROOT" default:"/var/lib/lazyfork"`
 	Run          string `help:"State directory on tmpfs (snapshots, memory files)." env:"LAZYFORK_RUN" default:"/dev/shm/lazyfork"`
 	CgroupParent string `help:"Parent cgroup path for containers (default: under this process's cgroup)." env:"LAZYFORK_CGROUP_PARENT"`
+	Socket       string `help:"Unix socket of the daemon; commands go through it when a daemon answers there." env:"LAZYFORK_SOCKET" default:"/run/lazyfork/lazyfork.sock"`
+	Local        bool   `help:"Run in this process even if a daemon is running." env:"LAZYFORK_LOCAL"`
 }
 
 type CLI struct {
@@ -43,6 +45,7 @@ type CLI struct {
 	Status statusCmd `cmd:"" help:"Host facts and container totals."`
 	Doctor doctorCmd `cmd:"" help:"Check every host requirement and name the fix for each missing one."`
 	Image  imageCmd  `cmd:"" help:"Manage the local image store."`
+	Daemon daemonCmd `cmd:"" help:"Run or manage the daemon (HTTP/JSON API on a unix socket)."`
 }
 
 func main() {

@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -39,6 +40,9 @@ var ErrAllocator = errors.New("unsupported allocator")
 type DumpOptions struct {
 	Exit  bool // end the source after the dump (lazyfork stop)
 	Force bool // dump even if an unsupported allocator is mapped
+	// HookForce snapshots anyway when the runtime hook does not answer QUIESCE in time
+	// (default: fail). See lib/hook.
+	HookForce bool
 }
 
 // LayersDir holds the frozen upper layers forks stack on.
@@ -104,6 +108,9 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		return nil, err
 	}
 
+	if err := hook.Quiesce(ctx, c, o.HookForce); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", name, err)
+	}
 	var layerTime time.Duration
 	res, err := criu.Dump(ctx, criu.DumpOptions{
 		Pid:            c.Pid,

@@ -14,6 +14,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
@@ -158,6 +159,9 @@ func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, nam
 	if err := start(ctx, rt, c, s, c.Upper); err != nil {
 		return nil, stage.Fork{}, err
 	}
+	if err := hook.Reseed(ctx, c); err != nil {
+		return nil, stage.Fork{}, fmt.Errorf("fork %s: %w", c.ID, err)
+	}
 	restoreMs := stage.Ms(time.Since(begin))
 	c.Timings = map[string]float64{"dump_ms": s.Dump.WallMs, "frozen_ms": s.Dump.FrozenMs, "restore_ms": restoreMs}
 	if s.Memfile != nil {
@@ -195,6 +199,7 @@ func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage
 		ExternalMounts: map[string]string{memKey: s.FamilyDir},
 		Timeout:        RestoreTimeout,
 		KdatDir:        kdatDir(),
+		JoinCgroup:     cg.ProcsFiles(),
 		Notify: func(script string, pid int) error {
 			// CRIU restores the source's UTS namespace; rename it before the tasks resume
 			// so the workload never sees its parent's hostname.

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/daemon"
+)
+
+// engine is what the container commands run on: the daemon when one answers on the
+// socket and serves the same state directories, otherwise the very same operations in
+// this process (lib/daemon.Service over lib/runtime and lib/fork).
+type engine interface {
+	Create(ctx context.Context, req client.CreateRequest, progress io.Writer) (*client.Info, error)
+	Fork(ctx context.Context, ref string, req client.ForkRequest, onFork func(client.Fork)) (*client.ForkResult, error)
+	Stop(ctx context.Context, ref string, req client.StopRequest) (*client.Info, error)
+	Start(ctx context.Context, ref string) (*client.Info, error)
+	Delete(ctx context.Context, ref string) error
+	Freeze(ctx context.Context, ref string) error
+	Thaw(ctx context.Context, ref string) error
+	Exec(ctx context.Context, ref string, req client.ExecRequest) (*client.ExecResult, error)
+	ExecStream(ctx context.Context, ref string, req client.ExecRequest, stdio client.Stdio) (int, error)
+	Logs(ctx context.Context, ref string, follow bool, w io.Writer) error
+	Get(ctx context.Context, ref string) (*client.Info, error)
+	List(ctx context.Context) ([]client.Info, error)
+	Stats(ctx context.Context, ref string) (*client.Stats, error)
+	Status(ctx context.Context) (*client.Status, error)
+	GC(ctx context.Context) error
+	Clean(ctx context.Context) ([]string, error)
+}
+
+// viaDaemon is the daemon behind the engine interface.
+type viaDaemon struct{ *client.Client }
+
+// Create cannot show pull progress remotely; the daemon pulls.
+func (r viaDaemon) Create(ctx context.Context, req client.CreateRequest, _ io.Writer) (*client.Info, error) {
+	return r.Client.Create(ctx, req)
+}
+
+var (
+	_ engine = viaDaemon{}
+	_ engine = (*daemon.Service)(nil)
+)
+
+// engine returns the daemon if one answers for this state, else a local service.
+func (g *Globals) engine(ctx context.Context) (engine, error) {
+	if cl := g.daemon(ctx); cl != nil {
+		return viaDaemon{cl}, nil
+	}
+	rt, err := g.open()
+	if err != nil {
+		return nil, err
+	}
+	return daemon.NewService(rt), nil
+}
+
+// daemon returns a client if a daemon answers on the socket and serves the same root
+// and tmpfs directories as this command would use (a test's private state never goes
+// to the machine's daemon).
+func (g *Globals) daemon(ctx context.Context) *client.Client {
+	if g.Local {
+		return nil
+	}
+	if _, err := os.Stat(g.Socket); err != nil {
+		return nil
+	}
+	cl := client.New(g.Socket)
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	info, err := cl.Ping(pctx)
+	if err != nil || info == nil || !sameDir(info.Root, g.Root) || !sameDir(info.Run, g.Run) {
+		return nil
+	}
+	return cl
+}
+
+func sameDir(a, b string) bool {
+	if a == b {
+		return true
+	}
+	ra, err1 := filepath.EvalSymlinks(a)
+	rb, err2 := filepath.EvalSymlinks(b)
+	return err1 == nil && err2 == nil && ra == rb
+}

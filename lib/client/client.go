@@ -1,0 +1,315 @@
+// Package client is the Go client of the LazyFork daemon's HTTP/JSON API on its unix
+// socket (docs/api.md). It has the same operations as the `lazyfork` command:
+//
+//	cl := client.New("")                         // $LAZYFORK_SOCKET or /run/lazyfork/lazyfork.sock
+//	agent := cl.Container("agent")
+//	forks, err := agent.Fork(ctx, 10)
+//	defer forks.Delete(ctx)
+//	res, err := forks[0].Exec(ctx, "hostname")  // res.Stdout
+//
+// Errors from the daemon are *Error values with a stable Code.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// DefaultSocket is where `lazyfork daemon run` listens unless told otherwise.
+const DefaultSocket = "/run/lazyfork/lazyfork.sock"
+
+// SocketPath is $LAZYFORK_SOCKET, or DefaultSocket.
+func SocketPath() string {
+	if s := os.Getenv("LAZYFORK_SOCKET"); s != "" {
+		return s
+	}
+	return DefaultSocket
+}
+
+// Client talks to one daemon. It is safe for concurrent use.
+type Client struct {
+	Socket string
+	http   *http.Client
+}
+
+// New returns a client for the daemon on socket ("" means SocketPath()).
+func New(socket string) *Client {
+	if socket == "" {
+		socket = SocketPath()
+	}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConns:    8,
+		IdleConnTimeout: 30 * time.Second,
+	}
+	return &Client{Socket: socket, http: &http.Client{Transport: tr}}
+}
+
+// Ping returns the daemon's identity, or an error with code daemon_unreachable.
+func (c *Client) Ping(ctx context.Context) (*DaemonInfo, error) {
+	var out DaemonInfo
+	return &out, c.do(ctx, "GET", "/v1/ping", nil, &out)
+}
+
+// Create starts a new container.
+func (c *Client) Create(ctx context.Context, req CreateRequest) (*Info, error) {
+	var out Info
+	return &out, c.do(ctx, "POST", "/v1/containers", req, &out)
+}
+
+// Get returns one container's live view.
+func (c *Client) Get(ctx context.Context, ref string) (*Info, error) {
+	var out Info
+	return &out, c.do(ctx, "GET", ctrPath(ref, ""), nil, &out)
+}
+
+// List returns every container.
+func (c *Client) List(ctx context.Context) ([]Info, error) {
+	var out []Info
+	return out, c.do(ctx, "GET", "/v1/containers", nil, &out)
+}
+
+// Tree returns the containers as a forest of forks.
+func (c *Client) Tree(ctx context.Context) ([]TreeNode, error) {
+	var out []TreeNode
+	return out, c.do(ctx, "GET", "/v1/tree", nil, &out)
+}
+
+// Fork forks ref. onFork, if not nil, is called as each fork starts running (the
+// request is then streamed).
+func (c *Client) Fork(ctx context.Context, ref string, req ForkRequest, onFork func(Fork)) (*ForkResult, error) {
+	if onFork == nil {
+		var out ForkResult
+		return &out, c.do(ctx, "POST", ctrPath(ref, "fork"), req, &out)
+	}
+	resp, err := c.send(ctx, "POST", ctrPath(ref, "fork")+"?stream=1", req, "")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if err := checkStatus(resp); err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var p ForkProgress
+		if err := dec.Decode(&p); err != nil {
+			return nil, fmt.Errorf("fork %s: read progress: %w", ref, err)
+		}
+		switch {
+		case p.Error != nil:
+			return nil, p.Error
+		case p.Result != nil:
+			return p.Result, nil
+		case p.Fork != nil:
+			onFork(*p.Fork)
+		}
+	}
+}
+
+// Stop snapshots ref and ends its processes; it stays forkable.
+func (c *Client) Stop(ctx context.Context, ref string, req StopRequest) (*Info, error) {
+	var out Info
+	return &out, c.do(ctx, "POST", ctrPath(ref, "stop"), req, &out)
+}
+
+// Start restarts a stopped container from its snapshot.
+func (c *Client) Start(ctx context.Context, ref string) (*Info, error) {
+	var out Info
+	return &out, c.do(ctx, "POST", ctrPath(ref, "start"), nil, &out)
+}
+
+// Delete ends ref's processes and removes everything it holds.
+func (c *Client) Delete(ctx context.Context, ref string) error {
+	return c.do(ctx, "DELETE", ctrPath(ref, ""), nil, nil)
+}
+
+// Freeze pauses every process of ref.
+func (c *Client) Freeze(ctx context.Context, ref string) error {
+	return c.do(ctx, "POST", ctrPath(ref, "freeze"), nil, nil)
+}
+
+// Thaw resumes a frozen container.
+func (c *Client) Thaw(ctx context.Context, ref string) error {
+	return c.do(ctx, "POST", ctrPath(ref, "thaw"), nil, nil)
+}
+
+// Exec runs a command inside ref and returns its output and exit code.
+func (c *Client) Exec(ctx context.Context, ref string, req ExecRequest) (*ExecResult, error) {
+	var out ExecResult
+	return &out, c.do(ctx, "POST", ctrPath(ref, "exec"), req, &out)
+}
+
+// Stats returns ref's memory, snapshot and timing figures.
+func (c *Client) Stats(ctx context.Context, ref string) (*Stats, error) {
+	var out Stats
+	return &out, c.do(ctx, "GET", ctrPath(ref, "stats"), nil, &out)
+}
+
+// Status returns host facts, container totals and the daemon's identity.
+func (c *Client) Status(ctx context.Context) (*Status, error) {
+	var out Status
+	return &out, c.do(ctx, "GET", "/v1/status", nil, &out)
+}
+
+// GC removes memory files, layers and snapshots nothing references any more.
+func (c *Client) GC(ctx context.Context) error {
+	return c.do(ctx, "POST", "/v1/gc", nil, nil)
+}
+
+// Clean deletes every stopped or exited container and returns their ids.
+func (c *Client) Clean(ctx context.Context) ([]string, error) {
+	var out CleanResult
+	return out.Deleted, c.do(ctx, "POST", "/v1/clean", nil, &out)
+}
+
+// Shutdown asks the daemon to exit; containers keep running.
+func (c *Client) Shutdown(ctx context.Context) error {
+	return c.do(ctx, "POST", "/v1/shutdown", nil, nil)
+}
+
+// Logs writes ref's output log to w; with follow it keeps streaming until ctx ends or
+// the container is deleted.
+func (c *Client) Logs(ctx context.Context, ref string, follow bool, w io.Writer) error {
+	p := ctrPath(ref, "logs")
+	if follow {
+		p += "?follow=1"
+	}
+	resp, err := c.send(ctx, "GET", p, nil, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := checkStatus(resp); err != nil {
+		return err
+	}
+	_, err = io.Copy(w, resp.Body)
+	if err != nil && ctx.Err() != nil {
+		return nil // detached
+	}
+	return err
+}
+
+// Events calls fn for every lifecycle event until ctx ends or fn returns an error.
+func (c *Client) Events(ctx context.Context, fn func(Event) error) error {
+	resp, err := c.send(ctx, "GET", "/v1/events", nil, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := checkStatus(resp); err != nil {
+		return err
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		var e Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			return fmt.Errorf("read event: %w", err)
+		}
+		if err := fn(e); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return io.ErrUnexpectedEOF
+}
+
+func ctrPath(ref, verb string) string {
+	p := "/v1/containers/" + url.PathEscape(ref)
+	if verb != "" {
+		p += "/" + verb
+	}
+	return p
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	resp, err := c.send(ctx, method, path, in, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := checkStatus(resp); err != nil {
+		return err
+	}
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+	}
+	return nil
+}
+
+func (c *Client) send(ctx context.Context, method, path string, in any, upgrade string) (*http.Response, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://lazyfork"+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if upgrade != "" {
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", upgrade)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		var ne *net.OpError
+		if errors.As(err, &ne) && ne.Op == "dial" {
+			return nil, &Error{Code: CodeDaemonUnreached, Message: fmt.Sprintf("no LazyFork daemon answers on %s (start one with `lazyfork daemon start`): %v", c.Socket, ne.Err)}
+		}
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	return resp, nil
+}
+
+// checkStatus turns a non-2xx answer into an *Error.
+func checkStatus(resp *http.Response) error {
+	if resp.StatusCode < 300 {
+		return nil
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	e := &Error{Status: resp.StatusCode}
+	if json.Unmarshal(b, e) != nil || e.Code == "" {
+		e.Code = CodeFailed
+		e.Message = fmt.Sprintf("daemon answered %s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	return e
+}
+
+// IsCode reports whether err is a daemon error with the given code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}

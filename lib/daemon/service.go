@@ -1,0 +1,513 @@
+// Package daemon is LazyFork's daemon: an HTTP/JSON API on a unix socket (server.go)
+// over Service, which performs each operation with the same lib packages the stage
+// binaries and the porcelain use, on the same on-disk tree. The daemon keeps no state of
+// its own: every request reads the tree and the live processes, so a restarted daemon
+// sees exactly what was running before. The porcelain uses Service directly when no
+// daemon runs, so both paths behave alike.
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/doctor"
+	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/hook"
+	"github.com/lazyfork/lazyfork/lib/image"
+	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// Version is the daemon's (and its API's) version.
+const Version = "0.1.0"
+
+// MaxForks bounds one fork request.
+const MaxForks = 1000
+
+// Service performs LazyFork's operations and publishes their events.
+type Service struct {
+	RT     *runtime.Runtime
+	Events *Broker
+	// Daemon describes the daemon this service runs in (nil in the porcelain).
+	Daemon *client.DaemonInfo
+}
+
+// NewService returns a service over rt.
+func NewService(rt *runtime.Runtime) *Service {
+	return &Service{RT: rt, Events: NewBroker()}
+}
+
+func badRequest(format string, args ...any) *client.Error {
+	return client.Errorf(http.StatusBadRequest, client.CodeBadRequest, format, args...)
+}
+
+// Create starts a new container.
+func (s *Service) Create(ctx context.Context, req client.CreateRequest, progress io.Writer) (*client.Info, error) {
+	if req.Image == "" {
+		return nil, badRequest("image is required")
+	}
+	if err := hook.ValidatePath(req.Hook); err != nil {
+		return nil, badRequest("%v", err)
+	}
+	if err := checkEnv(req.Env); err != nil {
+		return nil, err
+	}
+	// Resolved (or pulled) first, so that a missing image gets its own code.
+	if _, err := s.RT.Images.Get(ctx, req.Image, image.GetOptions{Progress: progress}); err != nil {
+		if errors.Is(err, image.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return nil, client.Errorf(http.StatusNotFound, client.CodeImageNotFound, "%v", err)
+		}
+		return nil, err
+	}
+	env := slices.Clone(req.Env)
+	if req.Hook != "" {
+		env = append([]string{hook.EnvVar + "=" + req.Hook}, env...)
+	}
+	c, err := s.RT.Create(ctx, runtime.CreateOptions{
+		Image: req.Image, Name: req.Name, Command: req.Command, Env: env, Hook: req.Hook, Progress: progress,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.Events.Publish(client.Event{Type: client.EventCreate, ID: c.ID, Name: c.Name})
+	return s.info(c), nil
+}
+
+func checkEnv(env []string) error {
+	for _, e := range env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return badRequest("env entry %q: want KEY=VALUE", e)
+		}
+	}
+	return nil
+}
+
+// Fork forks ref. The pipeline runs to the end even if ctx is cancelled half-way (a
+// killed CRIU could leave the source frozen or half-dumped); if ctx was cancelled by then,
+// the forks are deleted again, so a caller that went away leaves nothing behind.
+func (s *Service) Fork(ctx context.Context, ref string, req client.ForkRequest, onFork func(client.Fork)) (*client.ForkResult, error) {
+	n := max(req.N, len(req.Names))
+	switch {
+	case req.N < 0:
+		return nil, badRequest("n must be at least 1")
+	case n == 0:
+		n = 1
+	case n > MaxForks:
+		return nil, badRequest("n = %d: at most %d forks per request", n, MaxForks)
+	}
+	if req.HookTimeout < 0 {
+		return nil, badRequest("hook_timeout must not be negative")
+	}
+	c, unlock, err := s.lock(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	st := s.RT.State(c)
+	run := hook.WithOptions(context.WithoutCancel(ctx), hookOptions(req.HookOptions))
+	forks, snap, err := fork.Fork(run, s.RT, c, fork.Options{Force: req.Force, Share: req.Share,
+		RestoreOptions: fork.RestoreOptions{N: n, Names: req.Names, OnFork: onFork}})
+	if err != nil {
+		return nil, stateError(err, c, st, tree.StateRunning, tree.StateStopped)
+	}
+	res := &client.ForkResult{Forks: forks}
+	if snap != nil {
+		res.Snapshot = snap.ID
+	}
+	if ctx.Err() != nil {
+		s.undo(forks)
+		return nil, client.Errorf(499, client.CodeCanceled, "fork %s: cancelled by the client; the %d fork(s) made were deleted", ref, len(forks))
+	}
+	for _, f := range forks {
+		s.Events.Publish(client.Event{Type: client.EventFork, ID: f.ID, Name: f.Name, Parent: f.Parent, Snapshot: f.Snapshot})
+	}
+	return res, nil
+}
+
+// undo deletes forks nobody will learn about.
+func (s *Service) undo(forks []client.Fork) {
+	for _, f := range forks {
+		if c, err := s.RT.Tree.Get(f.ID); err == nil {
+			_ = s.RT.Delete(c)
+		}
+	}
+	_ = fork.GC(s.RT)
+}
+
+func hookOptions(o client.HookOptions) hook.Options {
+	return hook.Options{Timeout: time.Duration(o.HookTimeout * float64(time.Second)), Force: o.HookForce}
+}
+
+// Stop snapshots ref and ends its processes.
+func (s *Service) Stop(ctx context.Context, ref string, req client.StopRequest) (*client.Info, error) {
+	if req.HookTimeout < 0 {
+		return nil, badRequest("hook_timeout must not be negative")
+	}
+	c, unlock, err := s.lock(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	st := s.RT.State(c)
+	run := hook.WithOptions(context.WithoutCancel(ctx), hookOptions(req.HookOptions))
+	snap, err := fork.Stop(run, s.RT, c)
+	if err != nil {
+		return nil, stateError(err, c, st, tree.StateRunning)
+	}
+	s.Events.Publish(client.Event{Type: client.EventStop, ID: c.ID, Name: c.Name, Snapshot: snap.ID})
+	return s.info(c), nil
+}
+
+// Start restarts a stopped container from its snapshot.
+func (s *Service) Start(ctx context.Context, ref string) (*client.Info, error) {
+	c, unlock, err := s.lock(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	st := s.RT.State(c)
+	if err := fork.Start(context.WithoutCancel(ctx), s.RT, c); err != nil {
+		return nil, stateError(err, c, st, tree.StateStopped)
+	}
+	s.Events.Publish(client.Event{Type: client.EventStart, ID: c.ID, Name: c.Name})
+	return s.info(c), nil
+}
+
+// Delete ends ref's processes and removes everything it holds; its forks keep running.
+func (s *Service) Delete(ctx context.Context, ref string) error {
+	c, unlock, err := s.lock(ctx, ref)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := s.RT.Delete(c); err != nil {
+		return err
+	}
+	s.Events.Publish(client.Event{Type: client.EventDelete, ID: c.ID, Name: c.Name})
+	return fork.GC(s.RT)
+}
+
+// Freeze pauses every process of ref.
+func (s *Service) Freeze(ctx context.Context, ref string) error {
+	c, unlock, err := s.lock(ctx, ref)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st := s.RT.State(c)
+	if err := s.RT.Freeze(c); err != nil {
+		return stateError(err, c, st, tree.StateRunning)
+	}
+	s.Events.Publish(client.Event{Type: client.EventFreeze, ID: c.ID, Name: c.Name})
+	return nil
+}
+
+// Thaw resumes a frozen container.
+func (s *Service) Thaw(ctx context.Context, ref string) error {
+	c, unlock, err := s.lock(ctx, ref)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st := s.RT.State(c)
+	if err := s.RT.Thaw(c); err != nil {
+		return stateError(err, c, st, tree.StateFrozen)
+	}
+	s.Events.Publish(client.Event{Type: client.EventThaw, ID: c.ID, Name: c.Name})
+	return nil
+}
+
+// execOptions checks an exec request and turns it into runtime options.
+func execOptions(req client.ExecRequest) (runtime.ExecOptions, error) {
+	o := runtime.ExecOptions{Args: req.Argv, Env: req.Env, Cwd: req.Cwd}
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return o, badRequest("argv is required: the command and its arguments")
+	}
+	if err := checkEnv(req.Env); err != nil {
+		return o, err
+	}
+	if req.Timeout < 0 {
+		return o, badRequest("timeout must not be negative")
+	}
+	o.Timeout = time.Duration(req.Timeout * float64(time.Second))
+	switch {
+	case req.Stdin != "" && req.StdinBase64 != "":
+		return o, badRequest("give stdin or stdin_base64, not both")
+	case req.StdinBase64 != "":
+		b, err := base64.StdEncoding.DecodeString(req.StdinBase64)
+		if err != nil {
+			return o, badRequest("stdin_base64: %v", err)
+		}
+		o.Stdin = bytes.NewReader(b)
+	case req.Stdin != "":
+		o.Stdin = strings.NewReader(req.Stdin)
+	}
+	return o, nil
+}
+
+// Exec runs a command inside ref and returns its output.
+func (s *Service) Exec(ctx context.Context, ref string, req client.ExecRequest) (*client.ExecResult, error) {
+	o, err := execOptions(req)
+	if err != nil {
+		return nil, err
+	}
+	if req.TTY {
+		return nil, badRequest("tty needs a streamed exec (Upgrade: %s)", client.UpgradeHeader)
+	}
+	c, err := s.RT.Tree.Resolve(ref)
+	if err != nil {
+		return nil, err
+	}
+	st := s.RT.State(c)
+	res, err := s.RT.Exec(ctx, c, o)
+	if err != nil {
+		return nil, execError(ctx, err, c, st, req.Timeout)
+	}
+	return &client.ExecResult{Stdout: res.Stdout, Stderr: res.Stderr, ExitCode: res.ExitCode}, nil
+}
+
+// ExecStream runs a command inside ref on the given streams and returns its exit code.
+func (s *Service) ExecStream(ctx context.Context, ref string, req client.ExecRequest, stdio client.Stdio) (int, error) {
+	o, err := execOptions(req)
+	if err != nil {
+		return -1, err
+	}
+	c, err := s.RT.Tree.Resolve(ref)
+	if err != nil {
+		return -1, err
+	}
+	o.Stdin, o.Stdout, o.Stderr = stdio.Stdin, stdio.Stdout, stdio.Stderr
+	if o.Stderr == nil {
+		o.Stderr = o.Stdout
+	}
+	st := s.RT.State(c)
+	res, err := s.RT.Exec(ctx, c, o)
+	if err != nil {
+		return -1, execError(ctx, err, c, st, req.Timeout)
+	}
+	return res.ExitCode, nil
+}
+
+func execError(ctx context.Context, err error, c *tree.Container, st string, timeout float64) error {
+	if errors.Is(err, context.DeadlineExceeded) && timeout > 0 && ctx.Err() == nil {
+		return client.Errorf(http.StatusGatewayTimeout, client.CodeExecTimeout, "exec in %s: the command ran longer than its timeout (%gs) and was killed", display(c), timeout)
+	}
+	return stateError(err, c, st, tree.StateRunning)
+}
+
+// Get returns ref's live view.
+func (s *Service) Get(ctx context.Context, ref string) (*client.Info, error) {
+	c, err := s.RT.Tree.Resolve(ref)
+	if err != nil {
+		return nil, err
+	}
+	in := s.info(c)
+	if c.Parent != "" {
+		if p, err := s.RT.Tree.Get(c.Parent); err == nil {
+			in.ParentName = p.Name
+		}
+	}
+	return in, nil
+}
+
+// List returns the live view of every container, oldest first.
+func (s *Service) List(ctx context.Context) ([]client.Info, error) {
+	all, err := s.RT.Tree.List()
+	if err != nil {
+		return nil, err
+	}
+	names := map[string]string{}
+	for _, c := range all {
+		names[c.ID] = c.Name
+	}
+	out := make([]client.Info, 0, len(all))
+	for _, c := range all {
+		in := s.info(c)
+		in.ParentName = names[c.Parent]
+		out = append(out, *in)
+	}
+	return out, nil
+}
+
+// Tree returns the containers as a forest: roots are containers whose parent is gone.
+func (s *Service) Tree(ctx context.Context) ([]client.TreeNode, error) {
+	rows, err := s.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ids := map[string]bool{}
+	kids := map[string][]client.Info{}
+	for _, r := range rows {
+		ids[r.ID] = true
+	}
+	var roots []client.Info
+	for _, r := range rows {
+		if r.Parent == "" || !ids[r.Parent] {
+			roots = append(roots, r)
+		} else {
+			kids[r.Parent] = append(kids[r.Parent], r)
+		}
+	}
+	var build func(client.Info) client.TreeNode
+	build = func(in client.Info) client.TreeNode {
+		n := client.TreeNode{Info: in, Children: []client.TreeNode{}}
+		for _, k := range kids[in.ID] {
+			n.Children = append(n.Children, build(k))
+		}
+		return n
+	}
+	out := make([]client.TreeNode, 0, len(roots))
+	for _, r := range roots {
+		out = append(out, build(r))
+	}
+	return out, nil
+}
+
+// Stats returns ref's memory (cgroup), family, snapshot and timing figures.
+func (s *Service) Stats(ctx context.Context, ref string) (*client.Stats, error) {
+	c, err := s.RT.Tree.Resolve(ref)
+	if err != nil {
+		return nil, err
+	}
+	st := &client.Stats{Info: *s.info(c), Family: c.Family, Timings: c.Timings}
+	if cg, err := runtime.Cgroup(c); err == nil {
+		if cs, err := cg.Stats(); err == nil {
+			st.Rss, st.Cache, st.Kmem, st.MappedFile = cs.Rss, cs.Cache, cs.Kmem, cs.MappedFile
+		}
+	}
+	if c.Family != "" {
+		st.FamilyBytes = fork.FamilyBytes(c.Family)
+	}
+	if c.State == tree.StateStopped {
+		st.Snapshot, _ = fork.LoadSnapshot(c.Snapshot)
+	}
+	return st, nil
+}
+
+// Status returns host facts, container totals and, in a daemon, the daemon.
+func (s *Service) Status(ctx context.Context) (*client.Status, error) {
+	rows, err := s.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st := &client.Status{Containers: len(rows), Root: paths.Root(), Run: paths.Run(), Daemon: s.Daemon}
+	for _, ch := range doctor.Run(ctx, paths.Run()) {
+		st.Host = append(st.Host, client.Check{Name: ch.Name, OK: ch.OK, Detail: ch.Detail, Fix: ch.Fix})
+	}
+	for _, r := range rows {
+		st.Memory += r.MemoryBytes
+		switch r.State {
+		case tree.StateRunning:
+			st.Running++
+		case tree.StateFrozen:
+			st.Frozen++
+		case tree.StateStopped:
+			st.Stopped++
+		default:
+			st.Exited++
+		}
+	}
+	return st, nil
+}
+
+// GC removes memory files, layers and snapshots nothing references any more.
+func (s *Service) GC(ctx context.Context) error { return fork.GC(s.RT) }
+
+// Clean deletes every stopped or exited container (`lazyfork daemon clean`).
+func (s *Service) Clean(ctx context.Context) ([]string, error) {
+	all, err := s.RT.Tree.List()
+	if err != nil {
+		return nil, err
+	}
+	deleted := []string{}
+	var errs []error
+	for _, c := range all {
+		if st := s.RT.State(c); st != tree.StateStopped && st != tree.StateExited {
+			continue
+		}
+		if err := s.Delete(ctx, c.ID); err != nil {
+			if !errors.Is(err, tree.ErrNotFound) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		deleted = append(deleted, c.ID)
+	}
+	return deleted, errors.Join(errs...)
+}
+
+// Logs writes ref's output log to w; with follow it keeps going until ctx ends or the
+// container is deleted.
+func (s *Service) Logs(ctx context.Context, ref string, follow bool, w io.Writer) error {
+	c, err := s.RT.Tree.Resolve(ref)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(runtime.LogPath(c))
+	if err != nil {
+		return fmt.Errorf("logs of %s: %w", display(c), err)
+	}
+	defer f.Close()
+	for i := 0; ; i++ {
+		if _, err := io.Copy(w, f); err != nil {
+			return err
+		}
+		if fl, ok := w.(http.Flusher); ok {
+			fl.Flush()
+		}
+		if !follow {
+			return nil
+		}
+		if i%5 == 4 {
+			if _, err := s.RT.Tree.Get(c.ID); err != nil {
+				return nil // deleted
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// info is the live view of c in the API's shape.
+func (s *Service) info(c *tree.Container) *client.Info {
+	in := s.RT.Inspect(c)
+	return &client.Info{
+		ID: in.ID, Name: in.Name, State: in.State, Parent: in.Parent, ParentName: in.ParentName,
+		Depth: in.Depth, Pid: in.Pid, Procs: in.Procs, MemoryBytes: in.MemoryBytes, Image: in.Image,
+		Command: in.Command, Created: in.Created, Hook: c.Hook,
+	}
+}
+
+// stateError gives err the code invalid_state when the container was in a state the
+// operation does not apply to (lib's message says what to do); other errors pass.
+func stateError(err error, c *tree.Container, st string, ok ...string) error {
+	if err == nil || slices.Contains(ok, st) {
+		return err
+	}
+	var ce *client.Error
+	if errors.As(err, &ce) || errors.Is(err, tree.ErrNotFound) {
+		return err
+	}
+	return client.Errorf(http.StatusConflict, client.CodeInvalidState, "%v", err)
+}
+
+func display(c *tree.Container) string {
+	if c.Name != "" {
+		return c.Name
+	}
+	return c.ID
+}
