@@ -11,18 +11,22 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 )
 
 type cli struct {
-	Container string `arg:"" help:"Name, id or unique id prefix of a running container."`
-	Exit      bool   `help:"End the container after the dump (as lazyfork stop does)."`
-	Force     bool   `help:"Dump even if the workload maps jemalloc, mimalloc or tcmalloc."`
+	HookTimeout time.Duration `help:"How long to wait for the runtime hook's answer (QUIESCE before a dump, RESEED after a restore)." default:"0s"`
+	HookForce   bool          `help:"Go ahead when the runtime hook does not answer in time."`
+	Container   string        `arg:"" help:"Name, id or unique id prefix of a running container."`
+	Exit        bool          `help:"End the container after the dump (as lazyfork stop does)."`
+	Force       bool          `help:"Dump even if the workload maps jemalloc, mimalloc or tcmalloc."`
 }
 
 func main() {
@@ -31,6 +35,7 @@ func main() {
 	kong.Parse(&c, kong.Name("lf-dump"), kong.Description("Checkpoint a running container (CRIU) and freeze its file system layer; prints snapshot JSON."))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	ctx = hook.WithOptions(ctx, hook.Options{Timeout: c.HookTimeout, Force: c.HookForce})
 	if err := run(ctx, c); err != nil {
 		fmt.Fprintf(os.Stderr, "lf-dump: %v\n", err)
 		os.Exit(1)

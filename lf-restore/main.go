@@ -11,21 +11,25 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
 )
 
 type cli struct {
-	Snapshot string   `arg:"" optional:"" help:"Snapshot directory or id (default: snapshot JSON on stdin)."`
-	N        int      `short:"n" default:"1" help:"How many forks."`
-	Name     []string `help:"Name for a fork (repeat for several)."`
-	Parallel int      `help:"Concurrent restores (default: number of CPUs)."`
-	Rm       bool     `help:"Remove the snapshot's image afterwards (memory files and layers stay while forks use them)."`
+	HookTimeout time.Duration `help:"How long to wait for the runtime hook's answer (QUIESCE before a dump, RESEED after a restore)." default:"0s"`
+	HookForce   bool          `help:"Go ahead when the runtime hook does not answer in time."`
+	Snapshot    string        `arg:"" optional:"" help:"Snapshot directory or id (default: snapshot JSON on stdin)."`
+	N           int           `short:"n" default:"1" help:"How many forks."`
+	Name        []string      `help:"Name for a fork (repeat for several)."`
+	Parallel    int           `help:"Concurrent restores (default: number of CPUs)."`
+	Rm          bool          `help:"Remove the snapshot's image afterwards (memory files and layers stay while forks use them)."`
 }
 
 func main() {
@@ -34,6 +38,7 @@ func main() {
 	kong.Parse(&c, kong.Name("lf-restore"), kong.Description("Restore a snapshot as N forks; prints one JSON line per fork."))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	ctx = hook.WithOptions(ctx, hook.Options{Timeout: c.HookTimeout, Force: c.HookForce})
 	if err := run(ctx, c); err != nil {
 		fmt.Fprintf(os.Stderr, "lf-restore: %v\n", err)
 		os.Exit(1)
