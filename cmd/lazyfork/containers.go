@@ -247,22 +247,30 @@ func (c *listCmd) Run(ctx context.Context, g *Globals) error {
 		}
 		return nil
 	}
-	fmt.Printf(" %-12s   %-12s %-8s  %-12s %5s %8s %5s %11s\n", "id", "name", "state", "parent", "depth", "pid", "procs", "memory")
-	fmt.Println(" " + strings.Repeat("─", 84))
-	var total int64
-	for _, r := range rows {
-		parent := dash(r.ParentName)
-		if parent == "-" && r.Parent != "" {
-			parent = r.Parent
+	// Name and parent columns grow with the longest value, as docker ps does.
+	nameW, parentW := 6, 8
+	parents := make([]string, len(rows))
+	for i, r := range rows {
+		parents[i] = dash(r.ParentName)
+		if parents[i] == "-" && r.Parent != "" {
+			parents[i] = r.Parent
 		}
+		nameW, parentW = max(nameW, len(r.Name)+2), max(parentW, len(parents[i])+2)
+	}
+	format := fmt.Sprintf(" %%-12s   %%-%ds %%-8s  %%-%ds %%5v %%8s %%5v %%11s\n", nameW, parentW)
+	head := fmt.Sprintf(format, "id", "name", "state", "parent", "depth", "pid", "procs", "memory")
+	fmt.Print(head)
+	fmt.Println(" " + strings.Repeat("─", len(head)-2))
+	var total int64
+	for i, r := range rows {
 		pid := "-"
 		if r.Pid > 0 {
 			pid = fmt.Sprint(r.Pid)
 		}
-		fmt.Printf(" %-12s   %-12s %-8s  %-12s %5d %8s %5d %11s\n", r.ID, dash(r.Name), r.State, parent, r.Depth, pid, r.Procs, humanBytes(r.MemoryBytes))
+		fmt.Printf(format, r.ID, dash(r.Name), r.State, parents[i], r.Depth, pid, r.Procs, humanBytes(r.MemoryBytes))
 		total += r.MemoryBytes
 	}
-	fmt.Printf(" %d total%71s\n", len(rows), humanBytes(total))
+	fmt.Printf(" %-*s%11s\n", len(head)-13, fmt.Sprintf("%d total", len(rows)), humanBytes(total))
 	return nil
 }
 
