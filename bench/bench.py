@@ -1,0 +1,944 @@
+#!/usr/bin/env python3
+"""LazyFork benchmark (issue 5): forks vs plain CRIU restore vs CRIU lazy-pages restore.
+
+Run through bench/run.sh (`make bench`, or `make bench-smoke` for the short CI mode).
+Standard library only; matplotlib for the plots (plots.py). Everything this creates is
+named bench-<pid>-... and deleted on exit, also on failure or Ctrl-C; a later run also
+removes what a killed run (dead pid) left behind.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+BIN = Path(os.environ.get("LAZYFORK_BIN", REPO / "bin"))
+IMAGE = os.environ.get("LF_BENCH_IMAGE", "lazyfork/debian:bookworm")
+AGENT = (HERE / "agent.py").read_text()
+MiB, GiB, PAGE = 1 << 20, 1 << 30, 4096
+FLOOR = 4 * GiB  # plain/lazy-pages baselines stop before MemAvailable would drop below this
+SHM = Path("/dev/shm")  # the tmpfs the memory files live on (LAZYFORK_RUN default)
+
+FULL = dict(
+    heaps=[128, 256], ns=[1, 10, 25, 50, 100], plain_ns=[1, 10, 25, 50, 100],
+    lazy_ns=[1, 10, 25, 50], share_ns={256: [1, 10, 100], 128: [10, 100]},
+    lineage_heap=256, lineage_levels=9, nfp_n=10, e2e_ns=[1, 100], settle=5.0,
+    target_heap=256, copy_runs=3,
+)
+SMOKE = dict(
+    heaps=[16], ns=[1, 2], plain_ns=[1, 2], lazy_ns=[1], share_ns={16: [2]},
+    lineage_heap=16, lineage_levels=2, nfp_n=1, e2e_ns=[2], settle=1.0,
+    target_heap=16, copy_runs=1,
+)
+
+
+class Interrupted(BaseException):  # not swallowed by "except Exception"
+    pass
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def now():
+    return time.monotonic()
+
+
+def meminfo():
+    out = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        k, v = line.split(":", 1)
+        out[k] = int(v.split()[0]) * 1024
+    return out
+
+
+def pct(vals, p):
+    """Nearest-rank percentile (p in 0..100); None for no values."""
+    vals = sorted(v for v in vals if v is not None)
+    if not vals:
+        return None
+    k = max(1, math.ceil(p / 100 * len(vals)))
+    return vals[k - 1]
+
+
+def mean(vals):
+    vals = [v for v in vals if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def smaps(pid):
+    """Pages of pid mapped from LazyFork memory files (shared, resident) and pages it owns
+    (anonymous, incl. copied-on-write), in bytes."""
+    memfile = owned = rss = 0
+    in_memfile = False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                    parts = line.split(None, 5)
+                    path = parts[5].strip() if len(parts) > 5 else ""
+                    in_memfile = "/.lazyfork/mem/" in path or "/lazyfork/families/" in path
+                    continue
+                if line.startswith("Rss:"):
+                    kb = int(line.split()[1]) * 1024
+                    rss += kb
+                    if in_memfile:
+                        memfile += kb
+                elif line.startswith("Anonymous:"):
+                    kb = int(line.split()[1]) * 1024
+                    owned += kb
+                    if in_memfile:
+                        memfile -= kb  # copied-on-write pages are the fork's own
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return dict(memfile_mapped_bytes=memfile, owned_bytes=owned, rss_bytes=rss)
+
+
+def cg_memory(pid):
+    """A process's memory cgroup charge as lazyfork reports it (v1: total_rss + total_cache
+    from memory.stat + memory.kmem.usage_in_bytes; memory.usage_in_bytes is off by up to
+    256 kB from per-CPU batching). None where there is no v1 memory controller."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, ctrls, path = line.split(":", 2)
+        if "memory" in ctrls.split(","):
+            d = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            try:
+                kv = dict(l.split() for l in (d / "memory.stat").read_text().splitlines())
+                kmem = int((d / "memory.kmem.usage_in_bytes").read_text())
+            except (OSError, ValueError):
+                return None
+            rss, cache = int(kv["total_rss"]), int(kv["total_cache"])
+            return dict(memory_bytes=rss + cache + kmem, rss=rss, cache=cache, kmem=kmem,
+                        mapped_file=int(kv.get("total_mapped_file", 0)))
+    return None
+
+
+def vm_pte(pid):
+    """Page-table memory of pid (VmPTE), part of its cgroup's kmem."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmPTE:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class Sampler:
+    """Samples each fork (cgroup charge, smaps) once it has run `settle` seconds."""
+
+    def __init__(self, settle):
+        self.settle = settle
+        self.timers, self.samples = {}, {}
+        self.lock = threading.Lock()
+
+    def on_line(self, line):  # lf-restore's stderr: "fork <id> running (pid <pid>, <ms> ms)"
+        m = re.match(r"^fork ([0-9a-f]+) running \(pid (\d+)", line)
+        if m:
+            self.start(m.group(1), int(m.group(2)))
+
+    def start(self, fid, pid, t0=None):
+        t0 = now() if t0 is None else t0
+        tm = threading.Timer(max(0.0, t0 + self.settle - now()), self._take, (fid, pid, t0))
+        tm.daemon = True
+        with self.lock:
+            self.timers[fid] = tm
+        tm.start()
+
+    def _take(self, fid, pid, t0):
+        s = dict(cg_memory(pid) or {})
+        s.update(smaps(pid) or {})
+        s["pte_bytes"] = vm_pte(pid)
+        s["age_s"] = now() - t0
+        with self.lock:
+            self.samples[fid] = s
+
+    def get(self, fid):
+        tm = self.timers.get(fid)
+        if tm is not None:
+            tm.join(timeout=self.settle + 60)
+        return self.samples.get(fid)
+
+    def cancel(self):
+        for tm in self.timers.values():
+            tm.cancel()
+
+
+class Bench:
+    def __init__(self, cfg, out, smoke):
+        self.cfg, self.out, self.smoke = cfg, out, smoke
+        self.pid = os.getpid()
+        self.prefix = f"bench-{self.pid}"
+        self.tmp = Path(f"/tmp/lfbench-{self.pid}")
+        self.lazy = []  # lazy-pages forks: dicts with dir, daemon, pid
+        self.rows = []  # rows.csv: one per (method, heap, N)
+        self.forks = []  # forks.csv: one per fork
+        self.snaps = []  # snapshots.csv
+        self.copies = []  # memfile_vs_copy.csv
+        self.lineage = []  # lineage.csv
+        self.notes = []  # free-form findings for the summary
+        self.env = {}
+        self.share_flag = False
+        self.started = now()
+
+    # ---------- running commands ----------
+
+    def run(self, args, input=None, timeout=600, check=True, env=None, on_stderr_line=None):
+        """Run a command in its own session, so a Ctrl-C reaches only this script; on an
+        interrupt the command gets SIGTERM and time to undo its work (the tools cancel
+        cleanly), then SIGKILL. on_stderr_line sees each stderr line as it comes."""
+        args = [str(a) for a in args]
+        p = subprocess.Popen(args, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True, env=env)
+        bufs = {"out": [], "err": []}
+
+        def pump(f, key, cb):
+            for line in f:
+                bufs[key].append(line)
+                if cb:
+                    cb(line)
+        ths = [threading.Thread(target=pump, args=(p.stdout, "out", None), daemon=True),
+               threading.Thread(target=pump, args=(p.stderr, "err", on_stderr_line), daemon=True)]
+        for th in ths:
+            th.start()
+        try:
+            if input is not None:
+                try:
+                    p.stdin.write(input)
+                    p.stdin.close()
+                except BrokenPipeError:
+                    pass
+            p.wait(timeout=timeout)
+        except BaseException:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            raise
+        finally:
+            for th in ths:
+                th.join(timeout=10)
+        out, err = "".join(bufs["out"]), "".join(bufs["err"])
+        if check and p.returncode != 0:
+            raise RuntimeError(f"{' '.join(args[:6])}{' ...' if len(args) > 6 else ''}: exit {p.returncode}: {err.strip()[-2000:]}")
+        return subprocess.CompletedProcess(args, p.returncode, out, err)
+
+    def lf(self, *args, **kw):
+        return self.run([BIN / "lazyfork", *args], **kw)
+
+    def jsonl(self, text):
+        return [json.loads(l) for l in text.splitlines() if l.strip().startswith("{")]
+
+    def lf_list(self):
+        return json.loads(self.lf("list", "--json").stdout or "[]") or []
+
+    def name(self, *parts):
+        return "-".join([self.prefix, *[str(p) for p in parts]])
+
+    # ---------- cleanup ----------
+
+    def cleanup(self, prefixes=None):
+        """Delete every container, lazy-pages restore and temp file this run (or, with
+        prefixes, a dead earlier run) made. Forks first, then sources."""
+        prefixes = prefixes or [self.prefix]
+        errs = []
+        for rec in list(self.lazy):
+            errs += self.lazy_teardown(rec)
+        self.lazy.clear()
+        try:
+            mine = [r for r in self.lf_list() if any((r.get("name") or "").startswith(p + "-") for p in prefixes)]
+        except Exception as e:  # noqa: BLE001 - report, keep cleaning
+            mine, errs = [], errs + [str(e)]
+        mine.sort(key=lambda r: -r.get("depth", 0))
+        for i in range(0, len(mine), 40):
+            batch = [r["id"] for r in mine[i:i + 40]]
+            p = self.lf("delete", *batch, check=False, timeout=600)
+            if p.returncode != 0:
+                errs.append(p.stderr.strip()[-500:])
+        for p in prefixes:
+            for f in SHM.glob(f"lfbench-{p.split('-')[-1]}-*"):
+                f.unlink(missing_ok=True)
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        left = [r["name"] for r in self.lf_list() if any((r.get("name") or "").startswith(p + "-") for p in prefixes)]
+        if left:
+            errs.append(f"containers left behind: {left}")
+        return errs
+
+    def clean_stale(self):
+        """Remove what an earlier, killed benchmark run left (its pid is gone)."""
+        stale = set()
+        for r in self.lf_list():
+            m = re.match(r"^bench-(\d+)-", r.get("name") or "")
+            if m and int(m.group(1)) != self.pid and not Path(f"/proc/{m.group(1)}").exists():
+                stale.add(f"bench-{m.group(1)}")
+        for d in Path("/tmp").glob("lfbench-*"):
+            pid = d.name.split("-")[-1]
+            if pid.isdigit() and int(pid) != self.pid and not Path(f"/proc/{pid}").exists():
+                for sub in sorted(d.glob("lp*")):
+                    self.lazy_teardown({"dir": sub, "daemon": None})
+                shutil.rmtree(d, ignore_errors=True)
+                stale.add(f"bench-{pid}")
+        if stale:
+            log(f"removing leftovers of killed runs: {sorted(stale)}")
+            other = Bench(self.cfg, self.out, self.smoke)
+            other.tmp = Path("/nonexistent")
+            for e in other.cleanup(sorted(stale)):
+                log(f"warning: {e}")
+
+    # ---------- environment ----------
+
+    def collect_env(self):
+        cpu = ""
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        rev = self.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], check=False).stdout.strip()
+        dirty = self.run(["git", "-C", REPO, "status", "--porcelain", "--", "lib", "cmd"], check=False).stdout.strip()
+        osr = {}
+        if Path("/etc/os-release").exists():
+            for line in Path("/etc/os-release").read_text().splitlines():
+                if "=" in line:
+                    k, v = line.split("=", 1)
+                    osr[k] = v.strip('"')
+        self.env = dict(
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            os=osr.get("PRETTY_NAME", ""), kernel=platform.release(), arch=platform.machine(),
+            cpu=cpu, cores=os.cpu_count(), mem_total_gib=round(meminfo()["MemTotal"] / GiB, 1),
+            criu=self.run(["criu", "--version"], check=False).stdout.split("\n")[0].replace("Version: ", ""),
+            commit=rev + (" (lib/cmd modified)" if dirty else ""),
+            loadavg_start=Path("/proc/loadavg").read_text().split()[:3],
+            mode="smoke" if self.smoke else "full",
+        )
+        self.share_flag = "--share" in self.lf("fork", "--help").stdout
+
+    # ---------- containers ----------
+
+    def create_source(self, heap, name):
+        """Start a container running the agent and wait until its heap is resident."""
+        p = self.lf("create", IMAGE, "--name", name, "--json", "--", "python3", "-c", AGENT, str(heap))
+        rec = json.loads(p.stdout)
+        deadline = now() + 120
+        while now() < deadline:
+            r = self.info(rec["id"])
+            if r and r.get("state") != "running":
+                raise RuntimeError(f"source {name} is {r.get('state')}")
+            if r and r.get("memory_bytes", 0) >= heap * MiB * 0.97:
+                break
+            time.sleep(0.3)
+        else:
+            raise RuntimeError(f"source {name}: heap of {heap} MiB not resident after 120 s")
+        time.sleep(1.2)  # into the steady read/write loop
+        return rec
+
+    def info(self, ref):
+        for r in self.lf_list():
+            if r["id"] == ref or r.get("name") == ref:
+                return r
+        return None
+
+    def stats(self, ref):
+        return json.loads(self.lf("stats", ref, "--json").stdout)
+
+    def pause_ms(self, rec):
+        """Longest pause the agent in a source saw (see agent.py), read from its root."""
+        rootfs = rec.get("rootfs")
+        if not rootfs:
+            p = self.run([BIN / "lf-tree", "get", rec["id"]], check=False)
+            try:
+                rootfs = json.loads(p.stdout).get("rootfs")
+            except ValueError:
+                rootfs = None
+        if rootfs:
+            try:
+                return float((Path(rootfs) / "tmp" / "lf-pause").read_text().strip())
+            except (OSError, ValueError):
+                pass
+        p = self.lf("exec", rec["id"], "--timeout", "10s", "--", "cat", "/tmp/lf-pause", check=False)
+        try:
+            return float(p.stdout.strip())
+        except ValueError:
+            return None
+
+    def delete(self, ids):
+        t = now()
+        for i in range(0, len(ids), 40):
+            self.lf("delete", *ids[i:i + 40], timeout=600)
+        return (now() - t) * 1000
+
+    # ---------- measuring forks ----------
+
+    def settle(self, since):
+        """Let every fork run cfg.settle seconds (reading and writing pages) before reading."""
+        left = self.cfg["settle"] - (now() - since)
+        if left > 0:
+            time.sleep(left)
+
+    def measure(self, forks, sampler=None, lazy=False):
+        """Per-fork figures, each taken when that fork had run cfg.settle s (sampler), or,
+        without a sampler, now: cgroup charge (rss + cache + kmem), pages mapped from the
+        memory files vs owned (smaps). memory_bytes_list is `lazyfork list --json` read once
+        after the batch, as a cross-check."""
+        if sampler is None:
+            sampler = Sampler(0)
+            for f in forks:
+                sampler.start(f["id"], f["pid"])
+        smps = {f["id"]: sampler.get(f["id"]) or {} for f in forks}  # waits for every sample
+        listed = {} if lazy else {r["id"]: r for r in self.lf_list()}
+        out = []
+        for f in forks:
+            smp = smps[f["id"]]
+            m = dict(id=f["id"], restore_ms=f.get("restore_ms"))
+            m.update(smp)
+            if not lazy:
+                r = listed.get(f["id"], {})
+                m["memory_bytes_list"] = r.get("memory_bytes")
+                m["state"] = r.get("state", "gone")
+                if m.get("memory_bytes") is None:  # no v1 memory controller: lazyfork's figure
+                    m["memory_bytes"] = r.get("memory_bytes")
+            else:
+                m["state"] = "running" if Path(f"/proc/{f['pid']}").exists() else "gone"
+            out.append(m)
+        dead = [m["id"] for m in out if m["state"] != "running"]
+        if dead:
+            raise RuntimeError(f"forks not running after {self.cfg['settle']} s: {dead}")
+        if not lazy and out:
+            out[0]["family_bytes"] = self.stats(out[0]["id"])["family_bytes"]
+        return out
+
+    def quiet(self, timeout=None):
+        """/proc/meminfo once MemAvailable has stopped moving (memory of deleted forks is
+        freed asynchronously), so before/after differences measure this step only. Other
+        work on the host keeps it moving a little: give up after `timeout` seconds."""
+        timeout = timeout or (0.01 if self.smoke else 3)
+        hist, end = [], now() + timeout
+        while True:
+            m = meminfo()
+            hist = (hist + [m["MemAvailable"]])[-5:]
+            if (len(hist) == 5 and max(hist) - min(hist) < 8 * MiB) or now() > end:
+                return m
+            time.sleep(0.2)
+
+    def feasible(self, n, heap):
+        """How many full-copy forks fit while keeping FLOOR bytes available."""
+        per = heap * MiB + 8 * MiB
+        avail = meminfo()["MemAvailable"]
+        return max(0, min(n, int((avail - FLOOR) // per))), avail
+
+    def row(self, method, heap, n, forks, wall_ms, pre, post, extra=None):
+        mem = [f["memory_bytes"] for f in forks]
+        lat = [f["restore_ms"] for f in forks]
+        r = dict(
+            method=method, heap_mb=heap, n=n, forks_run=len(forks),
+            restore_p50_ms=pct(lat, 50), restore_p95_ms=pct(lat, 95), restore_max_ms=pct(lat, 100),
+            wall_ms=wall_ms,
+            fork_mem_p50_bytes=pct(mem, 50), fork_mem_mean_bytes=mean(mem), fork_mem_max_bytes=pct(mem, 100),
+            forks_mem_total_bytes=sum(m for m in mem if m is not None),
+            forks_mem_list_total_bytes=sum(f.get("memory_bytes_list") or 0 for f in forks),
+            fork_mem_list_p50_bytes=pct([f.get("memory_bytes_list") for f in forks], 50),
+            sample_age_p50_s=pct([f.get("age_s") for f in forks], 50),
+            memfile_mapped_p50_bytes=pct([f.get("memfile_mapped_bytes") for f in forks], 50),
+            owned_p50_bytes=pct([f.get("owned_bytes") for f in forks], 50),
+            rss_p50_bytes=pct([f.get("rss") for f in forks], 50),
+            cache_p50_bytes=pct([f.get("cache") for f in forks], 50),
+            kmem_p50_bytes=pct([f.get("kmem") for f in forks], 50),
+            pte_p50_bytes=pct([f.get("pte_bytes") for f in forks], 50),
+            meminfo_delta_bytes=pre["MemAvailable"] - post["MemAvailable"],
+            shmem_delta_bytes=post["Shmem"] - pre["Shmem"],
+            stopped_at="", note="",
+        )
+        r.update(extra or {})
+        self.rows.append(r)
+        for i, f in enumerate(forks):
+            self.forks.append(dict(method=method, heap_mb=heap, n=n, index=i, id=f["id"],
+                                   restore_ms=f["restore_ms"], memory_bytes=f["memory_bytes"],
+                                   memory_bytes_list=f.get("memory_bytes_list"), sample_age_s=f.get("age_s"),
+                                   memfile_mapped_bytes=f.get("memfile_mapped_bytes"),
+                                   owned_bytes=f.get("owned_bytes"), rss_bytes=f.get("rss"),
+                                   cache_bytes=f.get("cache"), kmem_bytes=f.get("kmem"),
+                                   page_table_bytes=f.get("pte_bytes")))
+        log(f"  {method:>14} heap {heap} N={n:<3} ran {len(forks):<3} p50 {fmt_ms(r['restore_p50_ms'])} "
+            f"wall {fmt_ms(wall_ms)} per-fork {fmt_mb(r['fork_mem_p50_bytes'])} all forks {fmt_mb(r['forks_mem_total_bytes'])}"
+            + (f"  [{r['stopped_at']}]" if r["stopped_at"] else ""))
+        return r
+
+    # ---------- LazyFork: stage pipeline, snapshot once, fork N times ----------
+
+    def dump(self, ref, memfile=True, memfile_args=()):
+        t = now()
+        d = self.run([BIN / "lf-dump", ref]).stdout
+        if not memfile:
+            s = json.loads(d)
+            s["_wall_ms"] = (now() - t) * 1000
+            return s
+        m = self.run([BIN / "lf-memfile", *memfile_args], input=d).stdout
+        s = json.loads(m)
+        s["_wall_ms"] = (now() - t) * 1000
+        return s
+
+    def restore(self, snap, n, names, rm=False):
+        """lf-restore -n N. Each fork is sampled (cgroup memory, smaps) when it has run
+        cfg.settle seconds, timed from its "running" line on lf-restore's stderr."""
+        args = [BIN / "lf-restore", "-n", n]
+        for nm in names:
+            args += ["--name", nm]
+        if rm:
+            args.append("--rm")
+        sampler = Sampler(self.cfg["settle"])
+        t = now()
+        p = self.run(args, input=json.dumps(snap), timeout=900, on_stderr_line=sampler.on_line)
+        wall, t_end = (now() - t) * 1000, now()
+        forks = self.jsonl(p.stdout)
+        return forks, wall, t_end, sampler
+
+    def lazyfork_rows(self, heap, src, snap, m0):
+        for n in self.cfg["ns"]:
+            pre = self.quiet()
+            forks, wall, _, smp = self.restore(snap, n, [self.name(f"h{heap}", "lf", f"n{n}", i) for i in range(n)])
+            ms = self.measure(forks, smp)
+            post = meminfo()
+            src_mem = (self.info(src["id"]) or {}).get("memory_bytes", 0)
+            fam = ms[0].get("family_bytes") or 0
+            # Read after the batch, like the --share rows (whose forks are only known then).
+            family_ram = src_mem + sum(f.get("memory_bytes_list") or 0 for f in ms) + fam
+            self.row("lazyfork", heap, n, ms, wall, pre, post, dict(
+                parent_mem_bytes=src_mem, family_files_bytes=fam, family_ram_bytes=family_ram,
+                family_ram_meminfo_bytes=m0["MemAvailable"] - post["MemAvailable"],
+                family_shmem_bytes=post["Shmem"] - m0["Shmem"],
+                source_pause_ms=snap["dump"]["frozen_ms"]))
+            self.delete([f["id"] for f in forks])
+
+    # ---------- plain CRIU restore of the same checkpoint ----------
+
+    def plain_rows(self, heap, dumped):
+        for n in self.cfg["plain_ns"]:
+            k, avail = self.feasible(n, heap)
+            stop = ""
+            if k < n:
+                stop = (f"stopped at {k} of {n}: {k + 1} full copies of {heap} MiB would leave "
+                        f"< {FLOOR // GiB} GiB of {avail / GiB:.1f} GiB available")
+            if k == 0:
+                self.rows.append(dict(method="plain-criu", heap_mb=heap, n=n, forks_run=0, stopped_at=stop))
+                log(f"  plain-criu heap {heap} N={n}: {stop}")
+                continue
+            pre = self.quiet()
+            forks, wall, _, smp = self.restore(dumped, k, [self.name(f"h{heap}", "plain", f"n{n}", i) for i in range(k)])
+            ms = self.measure(forks, smp)
+            post = meminfo()
+            self.row("plain-criu", heap, n, ms, wall, pre, post, dict(stopped_at=stop))
+            self.delete([f["id"] for f in forks])
+
+    # ---------- CRIU lazy-pages restore (by hand: criu lazy-pages + criu restore --lazy-pages) ----------
+
+    def lazy_one(self, dumped, heap, tag, i, sampler):
+        d = self.tmp / f"lp{tag}-{i}"
+        rec = dict(dir=d, daemon=None, id=self.name("lp", tag, i))
+        self.lazy.append(rec)
+        d.mkdir(parents=True)
+        t0 = now()
+        layer = self.run([BIN / "lf-overlay", "prepare", "--lower", ",".join(dumped["lower"]),
+                          "--upper", d / "upper", "--work", d / "work", "--target", d / "root"]).stdout
+        (d / "layer.json").write_text(layer)
+        cg = self.run([BIN / "lf-cgroup", "create", rec["id"]]).stdout
+        (d / "cg.json").write_text(cg)
+        roots = json.loads(cg)["criu_cgroup_root"]
+        w = d / "w"
+        w.mkdir()
+        env = dict(os.environ, CRIU_FAULT="130")
+        rec["daemon"] = subprocess.Popen(
+            ["timeout", "-k", "5", "300", "criu", "lazy-pages", "-D", dumped["images_dir"], "-W", w,
+             "-o", d / "lazy.log", "-v2"], env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        sock = w / "lazy-pages.socket"
+        deadline = now() + 10
+        while not sock.exists():
+            if now() > deadline or rec["daemon"].poll() is not None:
+                raise RuntimeError(f"criu lazy-pages did not start: {tail(d / 'lazy.log')}")
+            time.sleep(0.005)
+        args = ["timeout", "-k", "5", "120", "criu", "restore", "-D", dumped["images_dir"], "-W", w, "-d",
+                "--root", d / "root", "--lazy-pages", "--external", f"mnt[lfmem]:{dumped['family_dir']}",
+                "--pidfile", d / "pid", "-o", d / "restore.log", "-v2"]
+        for r in roots:
+            args += ["--cgroup-root", r]
+        t1 = now()
+        p = self.run(args, env=env, timeout=180, check=False)
+        t2 = now()
+        if p.returncode != 0:
+            raise RuntimeError(f"criu restore --lazy-pages: exit {p.returncode}: {tail(d / 'restore.log')}")
+        rec["pid"] = int((d / "pid").read_text().strip())
+        sampler.start(rec["id"], rec["pid"], t2)
+        done = {}
+
+        def wait_daemon():
+            rec["daemon"].wait()
+            done["t"] = now()
+        th = threading.Thread(target=wait_daemon, daemon=True)
+        th.start()
+        return dict(id=rec["id"], pid=rec["pid"], restore_ms=(t2 - t0) * 1000, criu_ms=(t2 - t1) * 1000,
+                    cg_json=str(d / "cg.json"), _done=done, _t1=t1, _thread=th)
+
+    def lazy_teardown(self, rec):
+        errs = []
+        d = Path(rec["dir"])
+        dm = rec.get("daemon")
+        if dm is not None and dm.poll() is None:
+            # timeout and its criu child form their own process group (start_new_session).
+            try:
+                os.killpg(dm.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            dm.wait()
+        if (d / "cg.json").exists():
+            for op in ("kill", "remove"):
+                p = self.run([BIN / "lf-cgroup", op, "--in", d / "cg.json"], check=False)
+                if p.returncode != 0 and "not exist" not in p.stderr and "no such" not in p.stderr.lower():
+                    errs.append(f"lf-cgroup {op} {d}: {p.stderr.strip()[-300:]}")
+        if (d / "layer.json").exists():
+            p = self.run([BIN / "lf-overlay", "teardown", "--in", d / "layer.json"], check=False)
+            if p.returncode != 0:
+                errs.append(f"lf-overlay teardown {d}: {p.stderr.strip()[-300:]}")
+        shutil.rmtree(d, ignore_errors=True)
+        return errs
+
+    def lazy_rows(self, heap, dumped):
+        os.makedirs(dumped["family_dir"], exist_ok=True)  # the lfmem mount of a plain image: empty
+        for n in self.cfg["lazy_ns"]:
+            k, avail = self.feasible(n, heap)
+            stop = ""
+            if k < n:
+                stop = f"stopped at {k} of {n}: memory floor ({avail / GiB:.1f} GiB available)"
+            if k == 0:
+                self.rows.append(dict(method="criu-lazy-pages", heap_mb=heap, n=n, forks_run=0, stopped_at=stop))
+                continue
+            pre = self.quiet()
+            smp = Sampler(self.cfg["settle"])
+            t = now()
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as ex:
+                futs = [ex.submit(self.lazy_one, dumped, heap, f"h{heap}n{n}", i, smp) for i in range(k)]
+                forks = [f.result() for f in futs]
+            wall = (now() - t) * 1000
+            ms = self.measure(forks, smp, lazy=True)
+            for f in forks:
+                f["_thread"].join(timeout=120)
+            copied = [(f["_done"]["t"] - f["_t1"]) * 1000 for f in forks if "t" in f["_done"]]
+            post = meminfo()
+            self.row("criu-lazy-pages", heap, n, ms, wall, pre, post, dict(
+                stopped_at=stop, note=f"all pages copied in p50 {pct(copied, 50):.0f} ms after restore start" if copied else ""))
+            for rec in [r for r in self.lazy if r["id"] in {f["id"] for f in forks}]:
+                for e in self.lazy_teardown(rec):
+                    log(f"warning: {e}")
+                self.lazy.remove(rec)
+
+    # ---------- memfile write rate vs a plain copy of the same bytes ----------
+
+    def copy_rates(self, heap, src, dumped, memfiled):
+        """lf-memfile's write rate (bytes written / its run time) against cp and dd of the
+        dump's pages-*.img to a new file on the same tmpfs; cfg.copy_runs rounds, medians."""
+        imgs = sorted(Path(dumped["images_dir"]).glob("pages-*.img"))
+        size = sum(p.stat().st_size for p in imgs)
+        rates = {"memfile": [], "cp": [], "dd": []}
+        for r in range(self.cfg["copy_runs"]):
+            s = memfiled
+            if r > 0:  # a fresh snapshot of the same source (its files stay until it is deleted)
+                s = self.dump(src["id"])
+                self.snap_row(heap, f"memfiled (rate sample {r + 1})", s)
+            rates["memfile"].append(s["memfile"]["mb_per_sec"])
+            for tool in ("cp", "dd"):
+                dst = SHM / f"lfbench-{self.pid}-copy"
+                dst.unlink(missing_ok=True)
+                t = now()
+                for img in imgs:  # one file in practice (pages-1.img)
+                    if tool == "cp":
+                        self.run(["cp", img, dst])
+                    else:
+                        self.run(["dd", f"if={img}", f"of={dst}", "bs=1M", "status=none"])
+                dt = now() - t
+                dst.unlink(missing_ok=True)
+                rates[tool].append(size / 1e6 / dt)  # decimal MB/s, as lf-memfile reports
+        res = dict(heap_mb=heap, image_pages_bytes=size, memfile_bytes=memfiled["memfile"]["bytes_written"],
+                   memfile_mb_s=statistics.median(rates["memfile"]), cp_mb_s=statistics.median(rates["cp"]),
+                   dd_mb_s=statistics.median(rates["dd"]),
+                   samples=" ".join(f"{k}:" + "/".join(f"{v:.0f}" for v in vs) for k, vs in rates.items()))
+        res["memfile_vs_copy"] = res["memfile_mb_s"] / max(res["cp_mb_s"], res["dd_mb_s"])
+        self.copies.append(res)
+        log(f"  memfile {res['memfile_mb_s']:.0f} MB/s vs cp {res['cp_mb_s']:.0f} / dd {res['dd_mb_s']:.0f} MB/s "
+            f"({res['memfile_vs_copy']:.2f}x; {res['samples']})")
+
+    def snap_row(self, heap, kind, s):
+        m = s.get("memfile") or {}
+        d = s.get("dump") or {}
+        self.snaps.append(dict(
+            heap_mb=heap, kind=kind, id=s["id"], dump_wall_ms=d.get("wall_ms"), dump_frozen_ms=d.get("frozen_ms"),
+            pages_written=d.get("pages_written"), image_bytes=d.get("image_bytes"),
+            memfile_ms=m.get("ms"), memfile_mb_s=m.get("mb_per_sec"), memfile_bytes=m.get("bytes_written"),
+            pages_moved=m.get("pages_moved"), pages_kept=m.get("pages_kept"), delta_pages=m.get("delta_pages"),
+            files=m.get("files"), file_vmas_converted=m.get("file_vmas_converted"), pipeline_wall_ms=s.get("_wall_ms")))
+
+    # ---------- one copy of the memory per family ----------
+
+    def share_rows(self, heap):
+        for n in self.cfg["share_ns"].get(heap, []):
+            m0 = self.quiet()
+            src = self.create_source(heap, self.name(f"h{heap}", "share", f"n{n}", "src"))
+            names = [self.name(f"h{heap}", "share", f"n{n}", i) for i in range(n)]
+            nameargs = [a for nm in names for a in ("--name", nm)]
+            pre = meminfo()
+            t = now()
+            if self.share_flag:
+                mode = "fork --share"
+                forks = self.jsonl(self.lf("fork", src["id"], "-n", n, "--share", "--json", *nameargs, timeout=900).stdout)
+            else:
+                # Without `fork --share`: stop moves the source onto its memfiled snapshot,
+                # forks restore from it, start brings the source back from the same files.
+                mode = "stop + fork + start"
+                self.lf("stop", src["id"])
+                forks = self.jsonl(self.lf("fork", src["id"], "-n", n, "--json", *nameargs, timeout=900).stdout)
+                self.lf("start", src["id"])
+            wall = (now() - t) * 1000
+            t_end = now()
+            self.settle(t_end)
+            ms = self.measure(forks)
+            post = meminfo()
+            st = self.stats(src["id"])
+            fam = ms[0].get("family_bytes") or 0
+            src_mem = st["memory_bytes"]
+            pause = self.pause_ms(src)
+            self.row("lazyfork-share", heap, n, ms, wall, pre, post, dict(
+                parent_mem_bytes=src_mem, family_files_bytes=fam,
+                family_ram_bytes=src_mem + sum(f["memory_bytes"] for f in ms) + fam,
+                family_ram_meminfo_bytes=m0["MemAvailable"] - post["MemAvailable"],
+                family_shmem_bytes=post["Shmem"] - m0["Shmem"],
+                source_pause_ms=pause, note=mode))
+            self.delete([f["id"] for f in forks] + [src["id"]])
+
+    # ---------- file-private pages left in the image (before) vs converted (after) ----------
+
+    def no_file_private(self, heap, src):
+        n = self.cfg["nfp_n"]
+        s = self.dump(src["id"], memfile_args=["--no-file-private"])
+        self.snap_row(heap, "memfiled --no-file-private", s)
+        pre = self.quiet()
+        forks, wall, _, smp = self.restore(s, n, [self.name(f"h{heap}", "nfp", i) for i in range(n)], rm=True)
+        ms = self.measure(forks, smp)
+        post = meminfo()
+        self.row("lazyfork-anon-only", heap, n, ms, wall, pre, post, dict(note="lf-memfile --no-file-private"))
+        self.delete([f["id"] for f in forks])
+
+    # ---------- lineage: forks of forks ----------
+
+    def lineage_rows(self, heap, src):
+        cur = src["id"]
+        for level in range(1, self.cfg["lineage_levels"] + 1):
+            s = self.dump(cur)
+            self.snap_row(heap, f"lineage: snapshot forked into level {level}", s)
+            pre = meminfo()
+            forks, wall, _, smp = self.restore(s, 1, [self.name(f"h{heap}", "lin", level)], rm=True)
+            ms = self.measure(forks, smp)
+            post = meminfo()
+            f, m, d = ms[0], s["memfile"], s["dump"]
+            self.lineage.append(dict(
+                level=level, heap_mb=heap, source=cur, fork=f["id"], dump_pages_written=d["pages_written"],
+                dump_frozen_ms=d["frozen_ms"], dump_wall_ms=d["wall_ms"], memfile_ms=m["ms"],
+                delta_pages=m.get("delta_pages"), pages_moved=m.get("pages_moved"), pages_kept=m.get("pages_kept"),
+                shared_pages=m.get("shared_pages"), rebased=m.get("rebased"), restore_ms=f["restore_ms"],
+                fork_mem_bytes=f["memory_bytes"], memfile_mapped_bytes=f.get("memfile_mapped_bytes"),
+                owned_bytes=f.get("owned_bytes"), meminfo_delta_bytes=pre["MemAvailable"] - post["MemAvailable"]))
+            log(f"  lineage level {level}: dumped {d['pages_written']} pages (delta {m.get('delta_pages')}, "
+                f"rebased {m.get('rebased')}), restore {f['restore_ms']:.0f} ms, fork {fmt_mb(f['memory_bytes'])}")
+            cur = f["id"]
+
+    # ---------- the porcelain, end to end (dump + memfile + restore) ----------
+
+    def e2e_rows(self, heap, src):
+        for n in self.cfg["e2e_ns"]:
+            names = [self.name(f"h{heap}", "e2e", f"n{n}", i) for i in range(n)]
+            pre = self.quiet()
+            t = now()
+            forks = self.jsonl(self.lf("fork", src["id"], "-n", n, "--json",
+                                       *[a for nm in names for a in ("--name", nm)], timeout=900).stdout)
+            wall = (now() - t) * 1000
+            t_end = now()
+            self.settle(t_end)
+            ms = self.measure(forks)
+            post = meminfo()
+            tim = self.stats(forks[0]["id"]).get("timings_ms") or {}
+            self.row("lazyfork-e2e", heap, n, ms, wall, pre, post, dict(
+                dump_ms=tim.get("dump_ms"), frozen_ms=tim.get("frozen_ms"), memfile_ms=tim.get("memfile_ms"),
+                note="lazyfork fork -n N: dump + memfile + restore"))
+            self.delete([f["id"] for f in forks])
+
+    # ---------- the whole run ----------
+
+    def heap_config(self, heap):
+        log(f"heap {heap} MiB")
+        m0 = self.quiet()
+        src = self.create_source(heap, self.name(f"h{heap}", "src"))
+        m1 = self.quiet()
+        log(f"  source {src['id']} running, {fmt_mb(m0['MemAvailable'] - m1['MemAvailable'])} taken")
+        snap = self.dump(src["id"])
+        self.snap_row(heap, "memfiled", snap)
+        log(f"  snapshot: dump {snap['dump']['wall_ms']:.0f} ms (frozen {snap['dump']['frozen_ms']:.0f}), "
+            f"memfile {snap['memfile']['ms']:.0f} ms, {snap['memfile']['pages_moved']} pages moved, {snap['memfile']['pages_kept']} kept")
+        self.lazyfork_rows(heap, src, snap, m0)
+        dumped = self.dump(src["id"], memfile=False)
+        self.snap_row(heap, "dumped (plain CRIU image)", dumped)
+        self.copy_rates(heap, src, dumped, snap)
+        self.plain_rows(heap, dumped)
+        try:
+            self.lazy_rows(heap, dumped)
+        except Exception as e:  # noqa: BLE001 - the baseline may not work on every host
+            msg = f"CRIU lazy-pages restore failed for heap {heap} MiB: {e}"
+            log(msg)
+            self.notes.append(msg)
+            for rec in list(self.lazy):
+                self.lazy_teardown(rec)
+                self.lazy.remove(rec)
+        if heap == self.cfg["target_heap"]:
+            self.no_file_private(heap, src)
+            self.e2e_rows(heap, src)
+            if heap == self.cfg["lineage_heap"]:
+                self.lineage_rows(heap, src)
+        elif heap == self.cfg["lineage_heap"]:
+            self.lineage_rows(heap, src)
+        pause = self.pause_ms(src)
+        if pause is not None:
+            self.notes.append(f"heap {heap} MiB: the longest pause the source's agent saw over all its dumps was "
+                              f"{pause:.0f} ms (CRIU's frozen_ms per dump is in the snapshot table).")
+        # The source goes last: GC drops its snapshots and memory files with it.
+        ids = [r["id"] for r in self.lf_list() if (r.get("name") or "").startswith(self.name(f"h{heap}") + "-")]
+        kids = [i for i in ids if i != src["id"]]
+        if kids:
+            self.delete(kids)
+        self.delete([src["id"]])
+        self.share_rows(heap)
+
+    def run_all(self):
+        self.collect_env()
+        self.clean_stale()
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        log(f"{self.env['mode']} run, names {self.prefix}-*, results in {self.out}")
+        for heap in self.cfg["heaps"]:
+            self.heap_config(heap)
+        self.env["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+        self.env["duration_s"] = round(now() - self.started)
+
+    # ---------- output ----------
+
+    def write(self):
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_csv(self.out / "rows.csv", self.rows)
+        write_csv(self.out / "forks.csv", self.forks)
+        write_csv(self.out / "snapshots.csv", self.snaps)
+        write_csv(self.out / "memfile_vs_copy.csv", self.copies)
+        write_csv(self.out / "lineage.csv", self.lineage)
+        (self.out / "env.json").write_text(json.dumps(self.env, indent=2) + "\n")
+        import summary  # noqa: E402 - local module
+        (self.out / "summary.md").write_text(summary.render(self))
+
+
+def tail(path, n=6):
+    try:
+        return " | ".join(Path(path).read_text().strip().splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def fmt_ms(v):
+    return "-" if v is None else f"{v:.0f} ms"
+
+
+def fmt_mb(v):
+    return "-" if v is None else f"{v / MiB:.2f} MiB"
+
+
+def write_csv(path, rows):
+    keys = []
+    for r in rows:
+        for k in r:
+            if not k.startswith("_") and k not in keys:
+                keys.append(k)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k in keys})
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, < 60 s, same code paths (CI)")
+    ap.add_argument("--out", help="results directory (default bench/results, or a temp dir with --smoke)")
+    ap.add_argument("--no-plots", action="store_true")
+    a = ap.parse_args()
+    out = Path(a.out) if a.out else (Path(f"/tmp/lazyfork-bench-smoke") if a.smoke else HERE / "results")
+    if os.geteuid() != 0:
+        sys.exit("bench: must run as root (containers, CRIU)")
+    b = Bench(SMOKE if a.smoke else FULL, out, a.smoke)
+
+    def on_signal(sig, _frame):
+        raise Interrupted(f"signal {sig}")
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # also when started with SIGINT ignored (&)
+        signal.signal(sig, on_signal)
+    failed = None
+    try:
+        b.run_all()
+    except (Exception, KeyboardInterrupt, Interrupted) as e:  # noqa: BLE001
+        failed = e
+        log(f"FAILED: {type(e).__name__}: {e}")
+    finally:
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)  # finish cleaning up
+        log("cleaning up")
+        errs = b.cleanup()
+        for e in errs:
+            log(f"cleanup: {e}")
+    if failed is not None:
+        if b.rows:
+            try:
+                # Never over the results of the last good run.
+                b.out = out if a.smoke else Path("/tmp/lazyfork-bench-partial")
+                b.write()
+                log(f"partial results in {b.out}")
+            except Exception as e:  # noqa: BLE001
+                log(f"could not write partial results: {e}")
+        sys.exit(1)
+    b.write()
+    if not a.no_plots:
+        try:
+            import plots
+            plots.render(out)
+        except ImportError as e:
+            if not a.smoke:
+                log(f"plots: {e}")
+                sys.exit(1)
+            log(f"plots skipped: {e}")
+    log(f"done in {b.env['duration_s']} s: {out}/summary.md")
+    if errs:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    main()

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# LazyFork benchmark (issue 5). `make bench` runs it whole (< 15 min on 2 cores) and writes
+# bench/results/{*.csv,*.png,summary.md}; `make bench-smoke` (--smoke) runs the same code
+# paths with tiny sizes in < 60 s and writes to /tmp/lazyfork-bench-smoke.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+bin=${LAZYFORK_BIN:-$repo/bin}
+smoke=0
+for a in "$@"; do [[ $a == --smoke ]] && smoke=1; done
+
+die() { echo "bench: $*" >&2; exit 1; }
+[[ $(id -u) == 0 ]] || die "must run as root (containers and CRIU need it)"
+command -v python3 >/dev/null || die "python3 not found (apt-get install python3)"
+for b in lazyfork lf-dump lf-memfile lf-restore lf-overlay lf-cgroup; do
+  [[ -x $bin/$b ]] || die "$bin/$b missing: run 'make build' first"
+done
+command -v criu >/dev/null || die "criu not found: run 'make setup'"
+"$bin/lazyfork" image list 2>/dev/null | grep -q '^lazyfork/debian:bookworm ' ||
+  die "default image lazyfork/debian:bookworm missing: run 'make image'"
+
+# Plots need matplotlib. apt installs it for the system python (/usr/bin/python3), which may
+# not be the first python3 on PATH. The full run installs it; the smoke run only draws the
+# plots when it is already there.
+py=
+for p in /usr/bin/python3 python3; do
+  if command -v "$p" >/dev/null && "$p" -c 'import matplotlib' 2>/dev/null; then py=$p; break; fi
+done
+if [[ -z $py && $smoke == 1 ]]; then
+  echo "bench: matplotlib not installed; the smoke run skips the plots" >&2
+  py=python3
+elif [[ -z $py ]]; then
+  echo "bench: installing python3-matplotlib (apt-get) for the plots" >&2
+  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" python3-matplotlib >/dev/null 2>&1; }
+  # With CRIU from trixie (make setup) the system python3 may come from trixie while the
+  # default suite's matplotlib wants the older python3: install from python3's own suite.
+  suite=$(apt-cache policy python3 2>/dev/null | awk '/^ \*\*\*/{getline; split($3, a, "/"); print a[1]; exit}')
+  if ! apt_install && ! { [[ -n $suite && $suite != /* ]] && apt_install -t "$suite"; } &&
+     ! { apt-get update -q >/dev/null 2>&1 && { apt_install || { [[ -n $suite ]] && apt_install -t "$suite"; }; }; }; then
+    die "could not install python3-matplotlib with apt-get (try: apt-get install python3-matplotlib), then rerun"
+  fi
+  py=/usr/bin/python3
+  "$py" -c 'import matplotlib' 2>/dev/null || die "python3-matplotlib installed but '$py -c \"import matplotlib\"' fails"
+fi
+
+export LAZYFORK_BIN=$bin
+exec "$py" "$here/bench.py" "$@"
