@@ -31,6 +31,7 @@ demo: setup build image
 
 test: setup build image vet
 	LF_REQUIRE_PRIV=1 LAZYFORK_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -p 1 ./...
+	@bash bench/run.sh --smoke
 
 # The benchmark of issue/spec: CSVs, PNG plots and a Markdown summary in bench/results/.
 bench: setup build image

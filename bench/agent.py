@@ -1,6 +1,7 @@
 # The benchmark's workload: a Python "agent" holding a heap of argv[1] MiB of
 # incompressible bytes. Every second it reads 32 random pages and writes one, as the
 # spec's benchmark does. bench.py runs it with `python3 -c` as the container's pid 1.
+# With argv[2] == "idle" it only holds the heap (the "idle fork" of the targets).
 #
 # The source container (the one that keeps its hostname: forks get new ones before they
 # resume) also wakes every 20 ms and records the longest gap between two wake-ups, in
@@ -17,12 +18,15 @@ import sys
 import time
 
 mb = int(sys.argv[1]) if len(sys.argv) > 1 else 128
+idle = len(sys.argv) > 2 and sys.argv[2] == "idle"  # hold the heap, touch nothing
 PAGE = 4096
 STEP = 0.02
 chunk = os.urandom(1 << 20)
 heap = bytearray(chunk) * mb  # every page present and distinct from zero
 del chunk
 npages = len(heap) // PAGE
+while idle:
+    time.sleep(1)
 host = socket.gethostname()
 source = True
 tick = 0
@@ -33,6 +37,7 @@ while True:
     now = time.time()
     if source and socket.gethostname() != host:
         source = False  # a fork: no heartbeat, no pause file
+        random.seed()  # its own pages to read, as CPython reseeds random in an os.fork() child
     if source:
         gap = now - last - STEP
         if gap > 0.02 and gap > worst:

@@ -336,9 +336,10 @@ class Bench:
 
     # ---------- containers ----------
 
-    def create_source(self, heap, name):
+    def create_source(self, heap, name, idle=False):
         """Start a container running the agent and wait until its heap is resident."""
-        p = self.lf("create", IMAGE, "--name", name, "--json", "--", "python3", "-c", AGENT, str(heap))
+        p = self.lf("create", IMAGE, "--name", name, "--json", "--", "python3", "-c", AGENT, str(heap),
+                    *(["idle"] if idle else []))
         rec = json.loads(p.stdout)
         deadline = now() + 120
         while now() < deadline:
@@ -532,7 +533,7 @@ class Bench:
 
     # ---------- plain CRIU restore of the same checkpoint ----------
 
-    def plain_rows(self, heap, dumped):
+    def plain_rows(self, heap, dumped, src):
         for n in self.cfg["plain_ns"]:
             k, avail = self.feasible(n, heap)
             stop = ""
@@ -547,7 +548,10 @@ class Bench:
             forks, wall, _, smp = self.restore(dumped, k, [self.name(f"h{heap}", "plain", f"n{n}", i) for i in range(k)])
             ms = self.measure(forks, smp)
             post = meminfo()
-            self.row("plain-criu", heap, n, ms, wall, pre, post, dict(stopped_at=stop))
+            src_mem = (self.info(src["id"]) or {}).get("memory_bytes", 0)
+            self.row("plain-criu", heap, n, ms, wall, pre, post, dict(
+                stopped_at=stop, parent_mem_bytes=src_mem,
+                family_ram_bytes=src_mem + sum(f["memory_bytes"] for f in ms)))
             self.delete([f["id"] for f in forks])
 
     # ---------- CRIU lazy-pages restore (by hand: criu lazy-pages + criu restore --lazy-pages) ----------
@@ -746,6 +750,20 @@ class Bench:
         self.row("lazyfork-anon-only", heap, n, ms, wall, pre, post, dict(note="lf-memfile --no-file-private"))
         self.delete([f["id"] for f in forks])
 
+    # ---------- idle forks: the agent only holds its heap ----------
+
+    def idle_rows(self, heap):
+        n = self.cfg["nfp_n"]
+        src = self.create_source(heap, self.name(f"h{heap}", "idle", "src"), idle=True)
+        s = self.dump(src["id"])
+        self.snap_row(heap, "memfiled (idle agent)", s)
+        pre = self.quiet()
+        forks, wall, _, smp = self.restore(s, n, [self.name(f"h{heap}", "idle", i) for i in range(n)])
+        ms = self.measure(forks, smp)
+        post = meminfo()
+        self.row("lazyfork-idle", heap, n, ms, wall, pre, post, dict(note="agent holding its heap, touching nothing"))
+        self.delete([f["id"] for f in forks] + [src["id"]])
+
     # ---------- lineage: forks of forks ----------
 
     def lineage_rows(self, heap, src):
@@ -805,7 +823,7 @@ class Bench:
         dumped = self.dump(src["id"], memfile=False)
         self.snap_row(heap, "dumped (plain CRIU image)", dumped)
         self.copy_rates(heap, src, dumped, snap)
-        self.plain_rows(heap, dumped)
+        self.plain_rows(heap, dumped, src)
         try:
             self.lazy_rows(heap, dumped)
         except Exception as e:  # noqa: BLE001 - the baseline may not work on every host
@@ -832,6 +850,8 @@ class Bench:
         if kids:
             self.delete(kids)
         self.delete([src["id"]])
+        if heap == self.cfg["target_heap"]:
+            self.idle_rows(heap)
         self.share_rows(heap)
 
     def run_all(self):
@@ -853,7 +873,9 @@ class Bench:
         write_csv(self.out / "snapshots.csv", self.snaps)
         write_csv(self.out / "memfile_vs_copy.csv", self.copies)
         write_csv(self.out / "lineage.csv", self.lineage)
-        (self.out / "env.json").write_text(json.dumps(self.env, indent=2) + "\n")
+        # env.json also keeps what summary.py needs to re-render summary.md from this directory.
+        (self.out / "env.json").write_text(json.dumps(dict(self.env, cfg=self.cfg, notes=self.notes,
+                                                           smoke=self.smoke), indent=2) + "\n")
         import summary  # noqa: E402 - local module
         (self.out / "summary.md").write_text(summary.render(self))
 

@@ -101,8 +101,8 @@ def render(out):
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 5))
-    lines(ax, rows, ["lazyfork", "lazyfork-share"], "family_ram_bytes", MB)
-    ax.set(title="Family RAM: source + forks + memory files", xlabel="forks (N)", ylabel="MB")
+    lines(ax, rows, ["plain-criu", "lazyfork", "lazyfork-share"], "family_ram_bytes", MB, label_n=True)
+    ax.set(title="Family RAM: source + forks (+ memory files)", xlabel="forks (N)", ylabel="MB", yscale="log")
     xaxis(ax, rows)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)

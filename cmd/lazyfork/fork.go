@@ -21,7 +21,7 @@ type forkCmd struct {
 	N         int      `short:"n" default:"1" help:"How many forks."`
 	Name      []string `help:"Name for a fork (repeat for several)."`
 	Force     bool     `help:"Fork even if the workload uses an allocator that relies on MADV_DONTNEED zero-fill."`
-	Share     bool     `help:"Move the source onto the snapshot too (pauses it ~0.4 s), so parent and forks hold its memory once."`
+	Share     bool     `help:"Move the source onto the snapshot too (pauses it 0.4-0.8 s for 128-256 MiB heaps), so parent and forks hold its memory once."`
 	hookFlags
 	JSON bool `help:"Print one JSON line per fork."`
 }
