@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/alecthomas/kong"
 
@@ -22,11 +21,10 @@ import (
 )
 
 type cli struct {
-	HookTimeout time.Duration `help:"How long to wait for the runtime hook's answer (QUIESCE before a dump, RESEED after a restore)." default:"0s"`
-	HookForce   bool          `help:"Go ahead when the runtime hook does not answer in time."`
-	Container   string        `arg:"" help:"Name, id or unique id prefix of a running container."`
-	Exit        bool          `help:"End the container after the dump (as lazyfork stop does)."`
-	Force       bool          `help:"Dump even if the workload maps jemalloc, mimalloc or tcmalloc."`
+	hook.Flags
+	Container string `arg:"" help:"Name, id or unique id prefix of a running container."`
+	Exit      bool   `help:"End the container after the dump (as lazyfork stop does)."`
+	Force     bool   `help:"Dump even if the workload maps jemalloc, mimalloc or tcmalloc."`
 }
 
 func main() {
@@ -35,7 +33,7 @@ func main() {
 	kong.Parse(&c, kong.Name("lf-dump"), kong.Description("Checkpoint a running container (CRIU) and freeze its file system layer; prints snapshot JSON."))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ctx = hook.WithOptions(ctx, hook.Options{Timeout: c.HookTimeout, Force: c.HookForce})
+	ctx = c.Flags.Context(ctx)
 	if err := run(ctx, c); err != nil {
 		fmt.Fprintf(os.Stderr, "lf-dump: %v\n", err)
 		os.Exit(1)

@@ -17,7 +17,6 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/memfile"
-	"github.com/lazyfork/lazyfork/lib/stage"
 )
 
 type cli struct {
@@ -41,16 +40,10 @@ func main() {
 }
 
 func run(ctx context.Context, c cli) error {
-	var s *stage.Snapshot
-	var err error
 	if c.Snapshot != "" && isRawImage(c.Snapshot) {
 		return rewriteRaw(ctx, c)
 	}
-	if c.Snapshot != "" {
-		s, err = fork.LoadSnapshot(c.Snapshot)
-	} else {
-		s, err = stage.ReadSnapshot(os.Stdin)
-	}
+	s, err := fork.ReadSnapshotArg(c.Snapshot)
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/alecthomas/kong"
 
@@ -23,13 +22,12 @@ import (
 )
 
 type cli struct {
-	HookTimeout time.Duration `help:"How long to wait for the runtime hook's answer (QUIESCE before a dump, RESEED after a restore)." default:"0s"`
-	HookForce   bool          `help:"Go ahead when the runtime hook does not answer in time."`
-	Snapshot    string        `arg:"" optional:"" help:"Snapshot directory or id (default: snapshot JSON on stdin)."`
-	N           int           `short:"n" default:"1" help:"How many forks."`
-	Name        []string      `help:"Name for a fork (repeat for several)."`
-	Parallel    int           `help:"Concurrent restores (default: number of CPUs)."`
-	Rm          bool          `help:"Remove the snapshot's image afterwards (memory files and layers stay while forks use them)."`
+	hook.Flags
+	Snapshot string   `arg:"" optional:"" help:"Snapshot directory or id (default: snapshot JSON on stdin)."`
+	N        int      `short:"n" default:"1" help:"How many forks."`
+	Name     []string `help:"Name for a fork (repeat for several)."`
+	Parallel int      `help:"Concurrent restores (default: number of CPUs)."`
+	Rm       bool     `help:"Remove the snapshot's image afterwards (memory files and layers stay while forks use them)."`
 }
 
 func main() {
@@ -38,7 +36,7 @@ func main() {
 	kong.Parse(&c, kong.Name("lf-restore"), kong.Description("Restore a snapshot as N forks; prints one JSON line per fork."))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ctx = hook.WithOptions(ctx, hook.Options{Timeout: c.HookTimeout, Force: c.HookForce})
+	ctx = c.Flags.Context(ctx)
 	if err := run(ctx, c); err != nil {
 		fmt.Fprintf(os.Stderr, "lf-restore: %v\n", err)
 		os.Exit(1)
@@ -50,12 +48,7 @@ func run(ctx context.Context, c cli) error {
 	if err != nil {
 		return err
 	}
-	var s *stage.Snapshot
-	if c.Snapshot != "" {
-		s, err = fork.LoadSnapshot(c.Snapshot)
-	} else {
-		s, err = stage.ReadSnapshot(os.Stdin)
-	}
+	s, err := fork.ReadSnapshotArg(c.Snapshot)
 	if err != nil {
 		return err
 	}

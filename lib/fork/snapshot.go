@@ -79,3 +79,12 @@ func RemoveSnapshot(s *stage.Snapshot) error {
 	}
 	return fsutil.RemoveAll(s.Dir)
 }
+
+// ReadSnapshotArg reads the snapshot a stage works on: the one named by arg (directory or
+// id) or, when arg is empty, the snapshot JSON on stdin (the previous stage's output).
+func ReadSnapshotArg(arg string) (*stage.Snapshot, error) {
+	if arg != "" {
+		return LoadSnapshot(arg)
+	}
+	return stage.ReadSnapshot(os.Stdin)
+}

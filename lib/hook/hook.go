@@ -192,3 +192,15 @@ func openInRoot(root, p string) (*os.File, error) {
 func isNoListener(err error) bool {
 	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ENOTSOCK) || errors.Is(err, os.ErrDeadlineExceeded)
 }
+
+// Flags are the hook options as command-line flags; stages and the porcelain embed them
+// in their kong CLI structs.
+type Flags struct {
+	HookTimeout time.Duration `help:"How long to wait for the runtime hook's answer (QUIESCE before a dump, RESEED after a restore)." default:"0s"`
+	HookForce   bool          `help:"Go ahead when the runtime hook does not answer in time."`
+}
+
+// Context attaches the flags' options to ctx.
+func (f Flags) Context(ctx context.Context) context.Context {
+	return WithOptions(ctx, Options{Timeout: f.HookTimeout, Force: f.HookForce})
+}
