@@ -9,8 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/alecthomas/kong"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/stagecmd"
 )
 
 type cli struct {
@@ -31,13 +30,7 @@ func main() {
 	criu.MaybeKdatHelper()
 	var c cli
 	kong.Parse(&c, kong.Name("lf-dump"), kong.Description("Checkpoint a running container (CRIU) and freeze its file system layer; prints snapshot JSON."))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ctx = c.Flags.Context(ctx)
-	if err := run(ctx, c); err != nil {
-		fmt.Fprintf(os.Stderr, "lf-dump: %v\n", err)
-		os.Exit(1)
-	}
+	stagecmd.Run("lf-dump", func(ctx context.Context) error { return run(c.Flags.Context(ctx), c) })
 }
 
 func run(ctx context.Context, c cli) error {

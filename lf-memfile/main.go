@@ -9,14 +9,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/memfile"
+	"github.com/lazyfork/lazyfork/lib/stagecmd"
 )
 
 type cli struct {
@@ -31,12 +30,7 @@ type cli struct {
 func main() {
 	var c cli
 	kong.Parse(&c, kong.Name("lf-memfile"), kong.Description("Move a CRIU image's memory into tmpfs memory files; prints snapshot JSON."))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, c); err != nil {
-		fmt.Fprintf(os.Stderr, "lf-memfile: %v\n", err)
-		os.Exit(1)
-	}
+	stagecmd.Run("lf-memfile", func(ctx context.Context) error { return run(ctx, c) })
 }
 
 func run(ctx context.Context, c cli) error {

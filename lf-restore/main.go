@@ -9,8 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/alecthomas/kong"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/stagecmd"
 )
 
 type cli struct {
@@ -34,13 +33,7 @@ func main() {
 	criu.MaybeKdatHelper()
 	var c cli
 	kong.Parse(&c, kong.Name("lf-restore"), kong.Description("Restore a snapshot as N forks; prints one JSON line per fork."))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ctx = c.Flags.Context(ctx)
-	if err := run(ctx, c); err != nil {
-		fmt.Fprintf(os.Stderr, "lf-restore: %v\n", err)
-		os.Exit(1)
-	}
+	stagecmd.Run("lf-restore", func(ctx context.Context) error { return run(c.Flags.Context(ctx), c) })
 }
 
 func run(ctx context.Context, c cli) error {
