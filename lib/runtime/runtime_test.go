@@ -193,7 +193,7 @@ func TestBadInputLeavesNothing(t *testing.T) {
 	if after := snapshotHost(t, rt); after != before {
 		t.Errorf("bad input left something behind:\nbefore %s\nafter  %s", before, after)
 	}
-	for _, ref := range []string{"nope", "", "0"} {
+	for _, ref := range []string{"nope", "", "g"} { // "g": no hex id starts with it
 		if _, err := rt.Tree.Resolve(ref); err == nil {
 			t.Errorf("resolve %q succeeded", ref)
 		}
