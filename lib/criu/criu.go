@@ -138,14 +138,23 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
-	kdat := o.KdatDir
-	if kdat != "" && !imageHasMountNS(o.ImagesDir) {
+	kdat, ownMountNS := o.KdatDir, imageHasMountNS(o.ImagesDir)
+	if !ownMountNS {
 		kdat = ""
 	}
 	t := rpc.CriuReqType_RESTORE
-	res, err := swrk(ctx, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, o.JoinCgroup, o.Notify)
+	req := &rpc.CriuReq{Type: &t, Opts: opts}
+	var res result
+	if o.Service != nil && ownMountNS {
+		// A service restores detached under its worker (it refuses rst_sibling); the
+		// worker's exit hands the root to us, the subreaper.
+		opts.RstSibling = nil
+		res, err = o.Service.call(ctx, req, o.JoinCgroup, o.Notify)
+	} else {
+		res, err = swrk(ctx, req, kdat, o.JoinCgroup, o.Notify)
+	}
 	logPath := filepath.Join(o.WorkDir, opts.GetLogFile())
-	if !res.kdat {
+	if !res.isolated {
 		unmountYardLeftovers(o.WorkDir)
 	}
 	if err != nil || !res.resp.GetSuccess() {
@@ -211,7 +220,7 @@ func Check(ctx context.Context) error {
 	return nil
 }
 
-func callError(op string, res swrkResult, logPath string, err error) *Error {
+func callError(op string, res result, logPath string, err error) *Error {
 	e := &Error{Op: op, Err: err, Output: res.stderr}
 	if res.resp != nil {
 		e.Errno = int(res.resp.GetCrErrno())

@@ -35,10 +35,15 @@ func (e *Error) Error() string {
 	if e.Errno != 0 {
 		fmt.Fprintf(&b, " (errno %d: %v)", e.Errno, syscall.Errno(e.Errno))
 	}
-	if e.Message != "" {
-		fmt.Fprintf(&b, ": %s", e.Message)
+	// A service worker's message is its last log line, often the same as the cause.
+	msg := strings.Join(strings.Fields(e.Message), " ")
+	if m := causeRe.FindStringSubmatch(msg); m != nil {
+		msg = strings.TrimSpace(m[1])
 	}
-	if cause := firstCause(e.Excerpt); cause != "" {
+	if msg != "" {
+		fmt.Fprintf(&b, ": %s", msg)
+	}
+	if cause := firstCause(e.Excerpt); cause != "" && !strings.Contains(msg, cause) {
 		fmt.Fprintf(&b, ": %s", cause)
 	} else if out := strings.TrimSpace(e.Output); out != "" {
 		fmt.Fprintf(&b, ": %s", strings.ReplaceAll(out, "\n", "; "))

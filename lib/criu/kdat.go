@@ -1,6 +1,7 @@
 package criu
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -10,7 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 )
 
 // KdatHelperArg is the hidden first argument with which a binary re-executes itself to
@@ -120,7 +123,7 @@ func kdatCacheDir(base, bin string) (string, error) {
 // removeStaleKdatTmp removes a temporary cache file left by a criu killed while saving it:
 // criu creates it O_EXCL, so while it exists no criu would ever save the cache.
 func removeStaleKdatTmp(dir string) {
-	if _, err := os.Stat(filepath.Join(dir, "criu.kdat")); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, kdatCacheName)); err == nil {
 		return
 	}
 	for _, name := range []string{"criu.kdat.tmp", ".criu.kdat"} {
@@ -156,4 +159,44 @@ func imageHasMountNS(imagesDir string) bool {
 		}
 	}
 	return false
+}
+
+// kdatCacheName is the file name criu keeps its probe cache under (in /run, or in
+// $XDG_RUNTIME_DIR for unprivileged requests).
+const kdatCacheName = "criu.kdat"
+
+// primeKdat returns the probe cache of the criu binary bin, saved by a privileged criu; when
+// there is none yet it has criu probe the kernel once (a feature check) to make it.
+func primeKdat(ctx context.Context, kdatDir, bin string) (string, error) {
+	dir, err := kdatCacheDir(kdatDir, bin)
+	if err != nil {
+		var fs unix.Statfs_t
+		if unix.Statfs("/run", &fs) != nil || fs.Type != unix.TMPFS_MAGIC {
+			return "", err
+		}
+		dir = "/run" // criu keeps its own cache there
+	}
+	cache := filepath.Join(dir, kdatCacheName)
+	if _, err := os.Stat(cache); err == nil {
+		return cache, nil
+	}
+	t := rpc.CriuReqType_FEATURE_CHECK
+	req := &rpc.CriuReq{Type: &t, Features: &rpc.CriuFeatures{MemTrack: proto.Bool(false)}}
+	ctx, cancel := withDeadline(ctx, time.Minute)
+	defer cancel()
+	if _, err := swrk(ctx, req, kdatDir, nil, nil); err != nil {
+		return "", fmt.Errorf("probe the kernel: %w", err)
+	}
+	if _, err := os.Stat(cache); err != nil {
+		return "", fmt.Errorf("criu saved no probe cache: %w", err)
+	}
+	return cache, nil
+}
+
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o600)
 }

@@ -137,6 +137,9 @@ type RestoreOptions struct {
 	// restored tree's group rather than to the caller's.
 	JoinCgroup []string
 	Notify     NotifyFunc
+	// Service, when set, serves the restore from a long-lived criu instead of a new swrk
+	// (trees without their own mount namespace still get a swrk).
+	Service *Service
 }
 
 // criuOpts translates DumpOptions into CRIU's RPC options; the fds are the caller's.

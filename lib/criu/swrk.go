@@ -40,19 +40,22 @@ func withDeadline(ctx context.Context, timeout time.Duration) (context.Context, 
 	return context.WithCancel(ctx)
 }
 
-// swrkResult is what one swrk conversation produced.
-type swrkResult struct {
+// result is what one conversation with criu (swrk or a service worker) produced.
+type result struct {
 	resp    *rpc.CriuResp // final response; nil if criu never answered
 	rootPid int           // root task PID from the last notification that carried one
 	stderr  string        // criu's stdout+stderr, capped
-	kdat    bool          // criu ran in the kdat cache namespace
+	kdat    bool          // criu had the probe cache
+	// isolated: criu ran in a private mount namespace, which takes whatever a killed criu
+	// left mounted with it.
+	isolated bool
 }
 
 // swrk starts `criu swrk 3`, sends req, answers notifications and returns the final
 // response. It returns an error when criu could not be run, failed (resp.success false), did
 // not answer, or the deadline passed; criu is SIGKILLed on deadline or cancel and always
 // reaped before swrk returns.
-func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc) (res swrkResult, retErr error) {
+func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc) (res result, retErr error) {
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
@@ -92,6 +95,7 @@ func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []str
 	if res.kdat, err = start(cmd, kdatDir, joinProcs); err != nil {
 		return res, fmt.Errorf("start criu: %w", err)
 	}
+	res.isolated = res.kdat
 	// Our copy of criu's end must go, so that a crashed criu reads as EOF, not a hang.
 	server.Close()
 
@@ -132,7 +136,7 @@ func converse(conn *net.UnixConn, req *rpc.CriuReq, notify NotifyFunc) (*rpc.Cri
 		return nil, 0, err
 	}
 	buf := make([]byte, 64<<10)
-	oob := make([]byte, unix.CmsgSpace(16*4))
+	oob := make([]byte, unix.CmsgSpace(16*4)+unix.CmsgSpace(unix.SizeofUcred))
 	rootPid := 0
 	var notifyErr error
 	for {

@@ -453,6 +453,7 @@ func Run(ctx context.Context, rt *runtime.Runtime, cfg Config) error {
 		cfg.Log.Warn("gc at start", "err", err)
 	}
 	svc := NewService(rt)
+	defer svc.Close()
 	svc.Daemon = &client.DaemonInfo{Version: Version, Pid: os.Getpid(), Socket: cfg.Socket,
 		Started: time.Now().UTC(), Root: paths.Root(), Run: paths.Run()}
 	if cfg.Log != nil {

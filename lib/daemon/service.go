@@ -17,9 +17,11 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/doctor"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/hook"
@@ -41,11 +43,47 @@ type Service struct {
 	Events *Broker
 	// Daemon describes the daemon this service runs in (nil in the porcelain).
 	Daemon *client.DaemonInfo
+
+	criuMu sync.Mutex
+	criu   *criu.Service // the daemon's long-lived criu; see restoreService
 }
 
 // NewService returns a service over rt.
 func NewService(rt *runtime.Runtime) *Service {
 	return &Service{RT: rt, Events: NewBroker()}
+}
+
+// restoreService returns the daemon's long-lived criu service, started on first use and
+// again if it died; nil (each batch starts its own) in the porcelain or when it cannot start.
+func (s *Service) restoreService(ctx context.Context) *criu.Service {
+	if s.Daemon == nil {
+		return nil
+	}
+	s.criuMu.Lock()
+	defer s.criuMu.Unlock()
+	if s.criu != nil && s.criu.Alive() {
+		return s.criu
+	}
+	if s.criu != nil {
+		s.criu.Close()
+		s.criu = nil
+	}
+	svc, err := criu.StartService(ctx, criu.DefaultKdatDir())
+	if err != nil {
+		return nil
+	}
+	s.criu = svc
+	return svc
+}
+
+// Close stops what the service keeps running for its requests (the criu service).
+func (s *Service) Close() {
+	s.criuMu.Lock()
+	defer s.criuMu.Unlock()
+	if s.criu != nil {
+		s.criu.Close()
+		s.criu = nil
+	}
 }
 
 func badRequest(format string, args ...any) *client.Error {
@@ -117,7 +155,7 @@ func (s *Service) Fork(ctx context.Context, ref string, req client.ForkRequest, 
 	st := s.RT.State(c)
 	run := hook.WithOptions(context.WithoutCancel(ctx), hookOptions(req.HookOptions))
 	forks, snap, err := fork.Fork(run, s.RT, c, fork.Options{Force: req.Force, Share: req.Share,
-		RestoreOptions: fork.RestoreOptions{N: n, Names: req.Names, OnFork: onFork}})
+		RestoreOptions: fork.RestoreOptions{N: n, Names: req.Names, OnFork: onFork, Service: s.restoreService(run)}})
 	if err != nil {
 		return nil, stateError(err, c, st, tree.StateRunning, tree.StateStopped)
 	}

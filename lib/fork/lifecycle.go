@@ -154,7 +154,7 @@ func resume(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stag
 		}
 	}()
 	c.Family, c.MemDir = s.Family, s.FamilyDir
-	if err := start(ctx, rt, c, s, c.Upper); err != nil {
+	if err := start(ctx, rt, c, s, c.Upper, nil); err != nil {
 		return fmt.Errorf("start %s: %w", displayName(c), err)
 	}
 	c.Snapshot = ""

@@ -31,6 +31,8 @@ type RestoreOptions struct {
 	Parallel int
 	// OnFork is called as each fork starts running (progress, JSON lines).
 	OnFork func(stage.Fork)
+	// Service serves the restores; nil starts one for this batch (a daemon keeps its own).
+	Service *criu.Service
 }
 
 // Restore makes o.N forks of a memfiled snapshot. Every fork is a new container with its
@@ -66,6 +68,14 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 	if par <= 0 {
 		par = goruntime.NumCPU()
 	}
+	svc := o.Service
+	if svc == nil || !svc.Alive() {
+		var err error
+		if svc, err = criu.StartService(ctx, kdatDir()); err != nil {
+			return nil, fmt.Errorf("restore %s: %w", s.ID, err)
+		}
+		defer svc.Close()
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -93,7 +103,7 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 			if ctx.Err() != nil {
 				return
 			}
-			c, f, err := restoreOne(ctx, rt, s, name)
+			c, f, err := restoreOne(ctx, rt, s, svc, name)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -139,7 +149,7 @@ func checkRestorable(s *stage.Snapshot) error {
 	return nil
 }
 
-func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, name string) (_ *tree.Container, _ stage.Fork, retErr error) {
+func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc *criu.Service, name string) (_ *tree.Container, _ stage.Fork, retErr error) {
 	begin := time.Now()
 	c, err := rt.Reserve(name, func(c *tree.Container) error {
 		c.Image, c.Command, c.Env, c.WorkingDir, c.Hook = s.Image, s.Command, s.Env, s.WorkingDir, s.Hook
@@ -156,7 +166,7 @@ func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, nam
 			_ = rt.Delete(c)
 		}
 	}()
-	if err := start(ctx, rt, c, s, c.Upper); err != nil {
+	if err := start(ctx, rt, c, s, c.Upper, svc); err != nil {
 		return nil, stage.Fork{}, err
 	}
 	if err := hook.Reseed(ctx, c); err != nil {
@@ -179,7 +189,7 @@ func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, nam
 
 // start mounts c's overlay (lower = the snapshot's stack, the given upper), makes its
 // cgroup and restores the snapshot into them. The caller undoes a failure with Delete.
-func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper string) error {
+func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper string, svc *criu.Service) error {
 	layer := overlay.Layer{Lower: c.Lower, Upper: upper, Work: c.Work, Target: c.RootFS}
 	if err := overlay.Prepare(layer); err != nil {
 		return fmt.Errorf("fork %s: %w", c.ID, err)
@@ -200,6 +210,7 @@ func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage
 		Timeout:        RestoreTimeout,
 		KdatDir:        kdatDir(),
 		JoinCgroup:     cg.ProcsFiles(),
+		Service:        svc,
 		Notify: func(script string, pid int) error {
 			// CRIU restores the source's UTS namespace; rename it before the tasks resume
 			// so the workload never sees its parent's hostname.

@@ -100,6 +100,12 @@ func containerInit() error {
 
 func setupMounts(root, memDir string) error {
 	j := func(p string) string { return filepath.Join(root, p) }
+	// An image's /dev symlink would point the device nodes below at the host's tree.
+	if fi, err := os.Lstat(j("dev")); err == nil && !fi.IsDir() {
+		if err := os.Remove(j("dev")); err != nil {
+			return fmt.Errorf("replace the image's /dev: %w", err)
+		}
+	}
 	for _, d := range []string{"proc", "dev", OvercommitDir, MemMount, filepath.Dir(OutputLog), "tmp"} {
 		if err := os.MkdirAll(j(d), 0o755); err != nil {
 			return fmt.Errorf("prepare %s: %w", d, err)
@@ -108,8 +114,11 @@ func setupMounts(root, memDir string) error {
 	if err := unix.Mount("proc", j("proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
 	}
-	if err := unix.Mount("tmpfs", j("dev"), "tmpfs", unix.MS_NOSUID, "mode=755,size=65536k"); err != nil {
-		return fmt.Errorf("mount /dev: %w", err)
+	// /dev is a plain directory of the root file system, not a tmpfs: CRIU would archive a
+	// tmpfs into every checkpoint and unpack it (tar, gzip) in every restore. Like a tmpfs
+	// it starts empty: the image's own nodes (console, ptmx) are hidden.
+	if err := clearDir(j("dev")); err != nil {
+		return fmt.Errorf("prepare /dev: %w", err)
 	}
 	devs := []struct {
 		name         string
@@ -124,8 +133,15 @@ func setupMounts(root, memDir string) error {
 	for _, l := range [][2]string{{"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}} {
 		_ = os.Symlink(l[0], j("dev/"+l[1]))
 	}
-	for _, d := range []string{"dev/shm", "dev/pts"} {
-		_ = os.MkdirAll(j(d), 0o1777)
+	if err := os.Mkdir(j("dev/pts"), 0o755); err != nil {
+		return fmt.Errorf("create /dev/pts: %w", err)
+	}
+	// Everyone may create POSIX shared memory, as on a host's /dev/shm.
+	if err := os.Mkdir(j("dev/shm"), 0o755); err != nil {
+		return fmt.Errorf("create /dev/shm: %w", err)
+	}
+	if err := unix.Chmod(j("dev/shm"), 0o1777); err != nil {
+		return fmt.Errorf("create /dev/shm: %w", err)
 	}
 	// glibc must see overcommit_memory=2 from its first trim on (see the spec's
 	// Mechanism); the file lives inside the root so the bind survives dump/restore.
@@ -138,6 +154,19 @@ func setupMounts(root, memDir string) error {
 	}
 	if err := bindReadOnly(memDir, j(MemMount)); err != nil {
 		return fmt.Errorf("bind %s: %w", MemMount, err)
+	}
+	return nil
+}
+
+func clearDir(dir string) error {
+	names, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := os.RemoveAll(filepath.Join(dir, n.Name())); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -1,0 +1,373 @@
+package criu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+)
+
+// Service is a long-lived `criu service`. Each restore through it is served by a worker
+// that the service fork()s: no exec of criu (and of the probe-cache helper) per restore, and
+// every worker loads the probe cache once the first one saved it. That is most of what a
+// fork costs besides CRIU's own work (see shared/env/tuning-findings.md).
+//
+// The service listens on a socket in a directory only root can enter (criu makes the socket
+// itself world-connectable). It dies with the process that started it (PR_SET_PDEATHSIG),
+// and Close kills it. StartService makes the calling process a child subreaper: restored
+// trees are children of criu's worker, and when the worker exits they are reparented to the
+// caller, which can then wait for them like the roots of a swrk restore.
+type Service struct {
+	cmd  *exec.Cmd
+	dir  string
+	sock string
+	kdat bool
+	out  *os.File
+
+	closeOnce sync.Once
+	exited    chan struct{} // closed when the service process was reaped
+}
+
+// serviceDirPrefix names the socket directories; the pid of the owner follows, so that a
+// later StartService can remove what a killed owner left.
+const serviceDirPrefix = "service-"
+
+// StartService starts `criu service` and waits until it listens. Close it when done.
+//
+// The service runs in the caller's mount namespace: forks' root file systems are mounted
+// there after it started, and a private namespace (how swrk gets the probe cache) would not
+// see them. Its workers load the probe cache instead from $XDG_RUNTIME_DIR, where criu looks
+// when a request is "unprivileged": the service's directory gets a copy of the cache a
+// privileged criu saved (see primeKdat), so the loaded kernel facts are the full ones. As
+// root, "unprivileged" changes nothing else a restore does (it skips the time namespace,
+// which LazyFork trees do not have; the rest are fallbacks for missing capabilities).
+func StartService(ctx context.Context, kdatDir string) (*Service, error) {
+	bin, err := exec.LookPath("criu")
+	if err != nil {
+		return nil, fmt.Errorf("criu service: find criu: %w", err)
+	}
+	base := kdatDir
+	if base == "" {
+		base = DefaultKdatDir()
+	}
+	if err := os.MkdirAll(base, 0o700); err != nil {
+		return nil, fmt.Errorf("criu service: %w", err)
+	}
+	removeDeadServiceDirs(base)
+	dir, err := os.MkdirTemp(base, fmt.Sprintf("%s%d-", serviceDirPrefix, os.Getpid()))
+	if err != nil {
+		return nil, fmt.Errorf("criu service: %w", err)
+	}
+	sock := filepath.Join(dir, "criu.sock")
+	if len(sock) >= len(unix.RawSockaddrUnix{}.Path) {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("criu service: socket path %s is too long; set LAZYFORK_RUN to a shorter directory", sock)
+	}
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("criu service: become child subreaper: %w", err)
+	}
+	s := &Service{dir: dir, sock: sock, exited: make(chan struct{})}
+	if kdatDir != "" {
+		// Without a cache every worker probes the kernel again: slower, still correct.
+		if cache, err := primeKdat(ctx, kdatDir, bin); err == nil {
+			s.kdat = copyFile(cache, filepath.Join(dir, kdatCacheName)) == nil
+		}
+	}
+	if err := s.start(ctx, bin); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Service) start(ctx context.Context, bin string) error {
+	outFd, err := unix.MemfdCreate("criu-service-output", unix.MFD_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("criu service: memfd: %w", err)
+	}
+	s.out = os.NewFile(uintptr(outFd), "criu-service-output")
+	ready, readyW, err := os.Pipe()
+	if err != nil {
+		s.out.Close()
+		return fmt.Errorf("criu service: %w", err)
+	}
+	defer ready.Close()
+
+	cmd := exec.Command(bin, "service", "--address", s.sock, "--status-fd", "3")
+	cmd.ExtraFiles = []*os.File{readyW}
+	cmd.Stdout, cmd.Stderr = s.out, s.out
+	cmd.Env = append(criuEnv(), "XDG_RUNTIME_DIR="+s.dir)
+	cmd.SysProcAttr = &unix.SysProcAttr{Pdeathsig: unix.SIGKILL}
+	s.cmd = cmd
+
+	// Pdeathsig fires when the thread that forked the child exits, and Go ends threads whose
+	// goroutine exits locked (setns helpers do). So the service is started from a thread
+	// that is locked, and kept, until the service is gone.
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		defer close(s.exited)
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+	}()
+	err = <-started
+	readyW.Close()
+	if err != nil {
+		s.out.Close()
+		return fmt.Errorf("criu service: start criu: %w", err)
+	}
+	// criu writes one byte to the status fd once it listens; EOF means it died.
+	waitCtx, cancel := withDeadline(ctx, 30*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		b := make([]byte, 1)
+		_, err := ready.Read(b)
+		got <- err
+	}()
+	select {
+	case err = <-got:
+	case <-waitCtx.Done():
+		err = waitCtx.Err()
+	}
+	if err != nil {
+		s.kill()
+		return fmt.Errorf("criu service did not start: %v: %s", err, readCapped(s.out, 2048))
+	}
+	return nil
+}
+
+// Close stops the service and removes its socket. Restores in flight fail.
+func (s *Service) Close() error {
+	s.closeOnce.Do(func() {
+		s.kill()
+		s.out.Close()
+		os.RemoveAll(s.dir)
+	})
+	return nil
+}
+
+func (s *Service) kill() {
+	select {
+	case <-s.exited:
+	default:
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+	}
+}
+
+// Alive reports whether the service process still runs.
+func (s *Service) Alive() bool {
+	select {
+	case <-s.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// call runs one request on a new worker: it learns the worker's pid (the kernel stamps it
+// on every message once SO_PASSCRED is on), moves the worker into the cgroups whose
+// cgroup.procs files are given (so the tree it clones is charged there, as with swrk), then
+// converses like swrk. The worker is SIGKILLed on deadline or cancel, and gone (its
+// restored tree reparented to us) when call returns.
+func (s *Service) call(ctx context.Context, req *rpc.CriuReq, joinProcs []string, notify NotifyFunc) (res result, retErr error) {
+	// Whatever failed after a cancel or the deadline (ESRCH, EOF, i/o timeout) is a
+	// consequence of killing the worker.
+	defer func() {
+		if err := ctx.Err(); err != nil && !(retErr == nil && res.resp.GetSuccess()) {
+			retErr = err
+		}
+	}()
+	res.kdat = s.kdat
+	if s.kdat {
+		req.Opts.Unprivileged = proto.Bool(true) // load the cache from $XDG_RUNTIME_DIR
+	}
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	if !s.Alive() {
+		return res, errors.New("criu service has exited: " + readCapped(s.out, 1024))
+	}
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: s.sock, Net: "unixpacket"})
+	if err != nil {
+		return res, fmt.Errorf("connect to criu service: %w", err)
+	}
+	defer c.Close()
+	if err := setPassCred(c); err != nil {
+		return res, err
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	var (
+		workerMu sync.Mutex
+		worker   = -1 // pidfd of the worker
+	)
+	killWorker := func() {
+		workerMu.Lock()
+		defer workerMu.Unlock()
+		if worker >= 0 {
+			_ = unix.PidfdSendSignal(worker, unix.SIGKILL, nil, 0)
+		}
+	}
+	go func() {
+		select {
+		case <-ctx.Done():
+			killWorker()
+			_ = c.SetDeadline(time.Now())
+		case <-stop:
+		}
+	}()
+	defer func() {
+		workerMu.Lock()
+		fd := worker
+		workerMu.Unlock()
+		if fd < 0 {
+			return
+		}
+		if retErr != nil || !res.resp.GetSuccess() {
+			_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		}
+		// The worker exits right after it answered; until then the restored root is its
+		// child, not ours.
+		if !waitPidfd(fd, 10*time.Second) && retErr == nil {
+			retErr = errors.New("criu service worker did not exit after answering")
+		}
+		unix.Close(fd)
+	}()
+
+	pid, err := hello(c)
+	if err != nil {
+		return res, err
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return res, fmt.Errorf("criu service worker %d: %w", pid, err)
+	}
+	workerMu.Lock()
+	worker = fd
+	workerMu.Unlock()
+	if ctx.Err() != nil {
+		killWorker()
+		return res, ctx.Err()
+	}
+	for _, f := range joinProcs {
+		if err := os.WriteFile(f, []byte(strconv.Itoa(pid)), 0); err != nil {
+			return res, fmt.Errorf("move criu worker into %s: %w", filepath.Dir(f), err)
+		}
+	}
+	res.resp, res.rootPid, err = converse(c, req, notify)
+	return res, err
+}
+
+// hello asks the new worker for criu's version, keeping the connection open for the real
+// request, and returns the worker's pid from the answer's credentials.
+func hello(c *net.UnixConn) (int, error) {
+	t := rpc.CriuReqType_VERSION
+	if err := send(c, &rpc.CriuReq{Type: &t, KeepOpen: proto.Bool(true)}); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred)+unix.CmsgSpace(16*4))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return 0, fmt.Errorf("read from criu service: %w", err)
+	}
+	pid := credPid(oob[:oobn])
+	closeRights(oob[:oobn])
+	resp := &rpc.CriuResp{}
+	if n == 0 || proto.Unmarshal(buf[:n], resp) != nil || resp.GetType() != rpc.CriuReqType_VERSION || !resp.GetSuccess() {
+		return 0, errors.New("criu service worker did not answer its version request")
+	}
+	if pid <= 0 {
+		return 0, errors.New("criu service worker sent no credentials")
+	}
+	return pid, nil
+}
+
+func setPassCred(c *net.UnixConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("criu service socket: SO_PASSCRED: %w", serr)
+	}
+	return nil
+}
+
+func credPid(oob []byte) int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0
+	}
+	for i := range msgs {
+		if cred, err := unix.ParseUnixCredentials(&msgs[i]); err == nil {
+			return int(cred.Pid)
+		}
+	}
+	return 0
+}
+
+// waitPidfd waits until the process behind fd exited (it need not be our child).
+func waitPidfd(fd int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		ms := int(time.Until(deadline) / time.Millisecond)
+		if ms <= 0 {
+			return false
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, ms)
+		if err == unix.EINTR {
+			continue
+		}
+		return err == nil && n > 0
+	}
+}
+
+// removeDeadServiceDirs removes socket directories whose owner is gone (SIGKILLed before
+// Close; its service died with it).
+func removeDeadServiceDirs(base string) {
+	names, err := os.ReadDir(base)
+	if err != nil {
+		return
+	}
+	for _, n := range names {
+		rest, ok := strings.CutPrefix(n.Name(), serviceDirPrefix)
+		if !ok {
+			continue
+		}
+		pidStr, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidStr)
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if unix.Kill(pid, 0) == unix.ESRCH {
+			_ = os.RemoveAll(filepath.Join(base, n.Name()))
+		}
+	}
+}

@@ -1,0 +1,267 @@
+package criu
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// startService starts a service on a fresh cache dir and closes it after the test.
+func startService(t *testing.T) (*Service, string) {
+	t.Helper()
+	kdat := kdatTempDir(t)
+	s, err := StartService(context.Background(), kdat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, kdat
+}
+
+// dumpContained dumps a tiny container and returns its image and a restore root holding
+// the counter file as it was at the dump.
+func dumpContained(t *testing.T, kdat string) (img, root2 string, dumped int) {
+	t.Helper()
+	base := t.TempDir()
+	root1 := filepath.Join(base, "root1")
+	root2 = filepath.Join(base, "root2")
+	pid := startContained(t, root1)
+	makeRoot(t, root2)
+	img = t.TempDir()
+	_, err := Dump(context.Background(), DumpOptions{
+		Pid: pid, ImagesDir: img, LeaveRunning: true, KdatDir: kdat,
+		ExternalMounts: map[string]string{"/usr": "usr"},
+		Notify: func(script string, _ int) error {
+			if script != "post-dump" {
+				return nil
+			}
+			b, err := os.ReadFile(filepath.Join(root1, "cnt.log"))
+			if err != nil {
+				return err
+			}
+			dumped = last(counts(t, filepath.Join(root1, "cnt.log")))
+			return os.WriteFile(filepath.Join(root2, "cnt.log"), b, 0o644)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bindSelf(t, root2)
+	return img, root2, dumped
+}
+
+func TestServiceRestoresContainer(t *testing.T) {
+	requirePriv(t)
+	s, kdat := startService(t)
+	if !s.kdat {
+		t.Error("service started without a probe cache")
+	}
+	img, root2, dumped := dumpContained(t, kdat)
+	snapshot, err := os.ReadFile(filepath.Join(root2, "cnt.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Twice through the same service: each restore is its own worker.
+	for i := range 2 {
+		if err := os.WriteFile(filepath.Join(root2, "cnt.log"), snapshot, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r, err := Restore(context.Background(), RestoreOptions{
+			ImagesDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2,
+			ExternalMounts: map[string]string{"usr": "/usr"}, Service: s,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The worker is gone when Restore returns, so the root is already ours.
+		if p := parentOf(r.Pid); p != os.Getpid() {
+			t.Errorf("restore %d: root %d has parent %d, want us (%d)", i, r.Pid, p, os.Getpid())
+		}
+		b, _ := os.ReadFile(r.LogPath)
+		if !strings.Contains(string(b), "Loaded kdat cache from "+s.dir) {
+			t.Errorf("restore %d did not load the service's probe cache", i)
+		}
+		assertNoBreakpoints(t, r.LogPath)
+		c := waitCount(t, filepath.Join(root2, "cnt.log"), dumped+4)
+		contiguous(t, "copy", c)
+		_ = r.Process.Kill()
+		_, _ = r.Process.Wait()
+	}
+	if !s.Alive() {
+		t.Fatal("service died")
+	}
+	pid, dir := s.cmd.Process.Pid, s.dir
+	s.Close()
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+		t.Errorf("service %d still exists after Close", pid)
+	}
+	if _, err := os.Stat(dir); err == nil {
+		t.Errorf("service dir %s still exists after Close", dir)
+	}
+	if c := criuChildren(t); len(c) != 0 {
+		t.Errorf("criu children left: %v", c)
+	}
+	if _, err := Restore(context.Background(), RestoreOptions{ImagesDir: img, WorkDir: t.TempDir(), Root: root2, Service: s}); err == nil || !strings.Contains(err.Error(), "criu service has exited") {
+		t.Errorf("restore through a closed service: err = %v", err)
+	}
+}
+
+// A restore through the service that times out or is refused leaves no worker and no
+// restored task, and the service goes on serving.
+func TestServiceFailureLeavesNothing(t *testing.T) {
+	requirePriv(t)
+	s, _ := startService(t)
+	pid, _ := startBare(t)
+	img := t.TempDir()
+	if _, err := Dump(context.Background(), DumpOptions{Pid: pid, ImagesDir: img, LeaveRunning: true}); err != nil {
+		t.Fatal(err)
+	}
+	root := 0
+	_, err := Restore(context.Background(), RestoreOptions{
+		ImagesDir: img, WorkDir: t.TempDir(), Timeout: time.Second, Service: s,
+		Notify: func(script string, p int) error {
+			if script == "post-restore" {
+				root = p
+				time.Sleep(1500 * time.Millisecond) // the worker is killed meanwhile
+			}
+			return nil
+		},
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want deadline exceeded", err)
+	}
+	if root == 0 {
+		t.Fatal("no post-restore notification")
+	}
+	testEventually(t, func() bool { return gone(root) },
+		"restored root %d still exists", root)
+	testEventually(t, func() bool { return len(serviceWorkers(t, s)) == 0 }, "workers left: %v", serviceWorkers(t, s))
+
+	for _, script := range []string{"setup-namespaces", "post-restore"} {
+		before := ourChildren(t)
+		_, err = Restore(context.Background(), RestoreOptions{
+			ImagesDir: img, WorkDir: t.TempDir(), Service: s,
+			Notify: func(sc string, _ int) error {
+				if sc == script {
+					return errors.New("refused")
+				}
+				return nil
+			},
+		})
+		if err == nil || !strings.Contains(err.Error(), "notify "+script+": refused") {
+			t.Fatalf("err = %v", err)
+		}
+		if after := ourChildren(t); !slices.Equal(before, after) {
+			t.Errorf("%s: children before failed restore %v, after %v", script, before, after)
+		}
+		if w := serviceWorkers(t, s); len(w) != 0 {
+			t.Errorf("%s: workers left: %v", script, w)
+		}
+	}
+	if !s.Alive() {
+		t.Fatal("service died")
+	}
+	r, err := Restore(context.Background(), RestoreOptions{ImagesDir: img, WorkDir: t.TempDir(), Service: s})
+	if err != nil {
+		t.Fatalf("restore after failures: %v", err)
+	}
+	_ = r.Process.Kill()
+	_, _ = r.Process.Wait()
+}
+
+// The service dies with the process that started it, and the next StartService removes the
+// socket directory that process left.
+func TestServiceDiesWithOwner(t *testing.T) {
+	requirePriv(t)
+	kdat := kdatTempDir(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), serviceOwnerEnv+"="+kdat)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	svcPid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("owner said %q", line)
+	}
+	dirs, _ := filepath.Glob(filepath.Join(kdat, serviceDirPrefix+strconv.Itoa(cmd.Process.Pid)+"-*"))
+	if len(dirs) != 1 {
+		t.Fatalf("service dirs of the owner: %v", dirs)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	testEventually(t, func() bool { return gone(svcPid) }, "service %d outlived its owner", svcPid)
+
+	s, err := StartService(context.Background(), kdat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := os.Stat(dirs[0]); err == nil {
+		t.Errorf("dead owner's service dir %s was not removed", dirs[0])
+	}
+}
+
+func TestServiceSocketPathTooLong(t *testing.T) {
+	requirePriv(t)
+	long := filepath.Join(kdatTempDir(t), strings.Repeat("d", 100))
+	_, err := StartService(context.Background(), long)
+	if err == nil || !strings.Contains(err.Error(), "too long") {
+		t.Fatalf("err = %v", err)
+	}
+	if names, _ := os.ReadDir(long); len(names) != 0 {
+		t.Errorf("left in %s: %v", long, names)
+	}
+}
+
+// serviceWorkers lists the service's children (its workers).
+func serviceWorkers(t *testing.T, s *Service) []int {
+	t.Helper()
+	var out []int
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", s.cmd.Process.Pid))
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, p := range strings.Fields(string(b)) {
+			pid, _ := strconv.Atoi(p)
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func testEventually(t *testing.T, ok func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf(format, args...)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// gone reports whether pid has exited. An orphan of a killed descendant is reparented to
+// us (a subreaper since the first StartService): reap it, then it is gone.
+func gone(pid int) bool {
+	if parentOf(pid) == os.Getpid() {
+		var ws unix.WaitStatus
+		_, _ = unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+	}
+	return unix.Kill(pid, 0) == unix.ESRCH
+}
