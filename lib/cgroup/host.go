@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	cgroups "github.com/containerd/cgroups/v3"
 )
@@ -32,14 +33,35 @@ type host struct {
 	v2Controllers []string         // controllers in the v2 root's cgroup.controllers
 }
 
-// detectHost reads the cgroup mounts of the calling process's mount namespace.
+// hostMounts caches the cgroup mounts: they are set up at boot, and reading the whole
+// mount table (which grows with every container) for each fork cost more than the rest of
+// making its cgroup.
+var hostMounts = sync.OnceValues(readCgroupMounts)
+
+// detectHost returns the cgroup mounts of the calling process's mount namespace and the
+// v2 controllers enabled now.
 func detectHost() (host, error) {
+	mounts, err := hostMounts()
+	if err != nil {
+		return host{}, err
+	}
+	h := host{mounts: mounts}
+	if m, ok := h.mounts[unified]; ok {
+		b, err := os.ReadFile(filepath.Join(m.dir, "cgroup.controllers"))
+		if err == nil {
+			h.v2Controllers = strings.Fields(string(b))
+		}
+	}
+	return h, nil
+}
+
+func readCgroupMounts() (map[string]mount, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return host{}, fmt.Errorf("read mountinfo: %w", err)
+		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
 	defer f.Close()
-	h := host{mounts: map[string]mount{}}
+	mounts := map[string]mount{}
 	s := bufio.NewScanner(f)
 	s.Buffer(make([]byte, 64<<10), 1<<20)
 	for s.Scan() {
@@ -49,28 +71,26 @@ func detectHost() (host, error) {
 		if sep < 5 || len(fields) < sep+4 {
 			continue
 		}
+		fstype := fields[sep+1]
+		if fstype != "cgroup2" && fstype != "cgroup" {
+			continue
+		}
 		m := mount{dir: unescape(fields[4]), root: unescape(fields[3])}
-		switch fields[sep+1] {
+		switch fstype {
 		case "cgroup2":
-			addMount(h.mounts, unified, m)
+			addMount(mounts, unified, m)
 		case "cgroup":
 			for _, opt := range strings.Split(fields[sep+3], ",") {
 				if slices.Contains(v1Controllers, opt) {
-					addMount(h.mounts, opt, m)
+					addMount(mounts, opt, m)
 				}
 			}
 		}
 	}
 	if err := s.Err(); err != nil {
-		return host{}, fmt.Errorf("read mountinfo: %w", err)
+		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
-	if m, ok := h.mounts[unified]; ok {
-		b, err := os.ReadFile(filepath.Join(m.dir, "cgroup.controllers"))
-		if err == nil {
-			h.v2Controllers = strings.Fields(string(b))
-		}
-	}
-	return h, nil
+	return mounts, nil
 }
 
 // addMount keeps the first mount of a hierarchy that shows its whole tree: later ones
@@ -82,10 +102,9 @@ func addMount(ms map[string]mount, key string, m mount) {
 	ms[key] = m
 }
 
-func unescape(s string) string {
-	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
-	return r.Replace(s)
-}
+var mountUnescaper = strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
+
+func unescape(s string) string { return mountUnescaper.Replace(s) }
 
 // backend says which hierarchy Create uses: v2 where the v2 hierarchy offers memory and
 // pids, otherwise the v1 memory, pids and freezer hierarchies.

@@ -154,10 +154,10 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		res, err = swrk(ctx, req, kdat, o.JoinCgroup, o.Notify)
 	}
 	logPath := filepath.Join(o.WorkDir, opts.GetLogFile())
-	if !res.isolated {
-		unmountYardLeftovers(o.WorkDir)
-	}
 	if err != nil || !res.resp.GetSuccess() {
+		if !res.isolated {
+			unmountYardLeftovers(o.WorkDir) // criu unmounts its yard itself unless killed
+		}
 		root := res.rootPid
 		if root == 0 {
 			root = rootPidFromLog(logPath)

@@ -1,14 +1,27 @@
 // Package criu runs CRIU for LazyFork: dump a process tree, restore it, ask the version and
-// check the kernel. Every call starts its own `criu swrk` child, talks go-criu's rpc
-// protobufs over a close-on-exec SOCK_SEQPACKET socketpair (the child's end is fd 3), answers
-// CRIU's NOTIFY messages through an optional callback, and is bounded by a context deadline
-// that ends in SIGKILL of criu (it can hang with all signals blocked). go-criu's own client is
-// not used: it has no deadline and leaks its socket into concurrently started children.
+// check the kernel. A call starts its own `criu swrk` child, or (a restore with
+// RestoreOptions.Service) gets a worker of a long-lived `criu service`; either way it talks
+// go-criu's rpc protobufs over a SOCK_SEQPACKET socket, answers CRIU's NOTIFY messages
+// through an optional callback, and is bounded by a context deadline that ends in SIGKILL of
+// criu or of the worker (it can hang with all signals blocked). go-criu's own client is not
+// used: it has no deadline and leaks its socket into concurrently started children.
 //
 //	Dump(ctx, DumpOptions) (*DumpResult, error)
 //	Restore(ctx, RestoreOptions) (*RestoreResult, error)
+//	StartService(ctx, kdatDir) (*Service, error); (*Service).Close()
 //	Version(ctx) (major, minor, patch int, err error)
 //	Check(ctx) error
+//
+// Service: a restore through swrk pays for exec'ing criu and, for the probe cache, the
+// helper below (~30 ms of a ~55 ms fork here). A service worker is a fork() of an already
+// running criu. The service stays in the caller's mount namespace (forks' overlays are
+// mounted after it started, and a private namespace would not see them), so its workers load
+// the probe cache from $XDG_RUNTIME_DIR, which criu reads for "unprivileged" requests: the
+// service gets a copy of the cache a privileged criu saved. The worker's pid arrives with its
+// first answer (SO_PASSCRED); Restore moves it into JoinCgroup before it clones anything.
+// Service restores are detached (criu refuses rst_sibling there): the root is the worker's
+// child until the worker exits, which Restore waits for; StartService makes the caller a
+// child subreaper, so the root is then the caller's child, as with swrk.
 //
 // Facts this package relies on (see shared/env/*.md):
 //   - criu always gets CRIU_FAULT=130 in its environment: hardware breakpoints do not work in

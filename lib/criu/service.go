@@ -21,8 +21,8 @@ import (
 
 // Service is a long-lived `criu service`. Each restore through it is served by a worker
 // that the service fork()s: no exec of criu (and of the probe-cache helper) per restore, and
-// every worker loads the probe cache once the first one saved it. That is most of what a
-// fork costs besides CRIU's own work (see shared/env/tuning-findings.md).
+// every worker loads the probe cache (see StartService). That is most of what a fork cost
+// besides CRIU's own work (see shared/env/tuning-findings.md).
 //
 // The service listens on a socket in a directory only root can enter (criu makes the socket
 // itself world-connectable). It dies with the process that started it (PR_SET_PDEATHSIG),

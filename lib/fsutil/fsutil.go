@@ -65,6 +65,12 @@ func checkNoMounts(path string, dev uint64) error {
 
 // IsMountPoint reports whether path is the root of a mount (same-device bind mounts included).
 func IsMountPoint(path string) bool {
+	// statx knows without reading the whole mount table (Linux 5.8+).
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, 0, &stx); err == nil &&
+		stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return false
@@ -89,7 +95,8 @@ func WriteJSON(path string, v any) error {
 		return fmt.Errorf("encode %s: %w", path, err)
 	}
 	b = append(b, '\n')
-	if err := renameio.WriteFile(path, b, 0o644); err != nil {
+	// The temp file goes beside path: renameio would otherwise probe $TMPDIR each time.
+	if err := renameio.WriteFile(path, b, 0o644, renameio.WithTempDir(filepath.Dir(path))); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil

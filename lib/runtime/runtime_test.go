@@ -82,6 +82,16 @@ func TestCreateOutputGrowsAndExecSeesContainer(t *testing.T) {
 	if err != nil || strings.TrimSpace(res.Stdout) != "2" {
 		t.Errorf("overcommit_memory inside = %q (%v), want 2", res.Stdout, err)
 	}
+	// /dev: our nodes only (the image's console and ptmx hidden), in the root file system
+	// rather than a tmpfs CRIU would have to archive, and a world-writable sticky /dev/shm.
+	res, err = rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"sh", "-c",
+		`echo $(ls /dev); head -c 3 /dev/zero | od -An -tx1; stat -c %a /dev/shm; grep -c ' /dev[/ ]' /proc/self/mountinfo; echo x > /dev/null && echo ok`}})
+	if err != nil {
+		t.Fatalf("exec /dev checks: %v", err)
+	}
+	if want := "fd full null pts random shm stderr stdin stdout tty urandom zero\n 00 00 00\n1777\n0\nok"; strings.TrimSpace(res.Stdout) != want {
+		t.Errorf("/dev inside:\n%s\nwant:\n%s", res.Stdout, want)
+	}
 	res, err = rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"sh", "-c", "echo oops >&2; exit 7"}})
 	if err != nil || res.ExitCode != 7 || strings.TrimSpace(res.Stderr) != "oops" {
 		t.Errorf("exec exit code/stderr: %v %+v", err, res)
