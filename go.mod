@@ -8,6 +8,7 @@ require (
 	github.com/containerd/cgroups/v3 v3.1.3
 	github.com/google/go-containerregistry v0.22.1
 	github.com/google/renameio/v2 v2.0.2
+	golang.org/x/sync v0.22.0
 	golang.org/x/sys v0.50.0
 	golang.org/x/term v0.48.0
 	google.golang.org/protobuf v1.35.2
@@ -28,6 +29,5 @@ require (
 	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
 	golang.org/x/exp v0.0.0-20241108190413-2d47ceb2692f // indirect
-	golang.org/x/sync v0.22.0 // indirect
 	gotest.tools/v3 v3.5.2 // indirect
 )

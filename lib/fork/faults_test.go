@@ -93,6 +93,9 @@ func TestForkBadStates(t *testing.T) {
 	if _, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 2, Names: []string{"src", "x"}}}); err == nil || !strings.Contains(err.Error(), "already in use") {
 		t.Errorf("fork with a taken name: %v", err)
 	}
+	if _, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 2, Names: []string{"x", "x"}}}); err == nil || !strings.Contains(err.Error(), "given twice") {
+		t.Errorf("fork with one name twice: %v", err)
+	}
 	if after := leftovers(t, rt.Tree); after != before {
 		t.Errorf("a refused fork left things behind:\n before %s\n after  %s", before, after)
 	}

@@ -40,9 +40,9 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 		if err := tree.ValidateName(n); err != nil {
 			return nil, nil, err
 		}
-		if err := rt.Tree.CheckNameFree(n); err != nil {
-			return nil, nil, err
-		}
+	}
+	if err := rt.Tree.CheckNamesFree(o.Names); err != nil {
+		return nil, nil, err
 	}
 	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share})
 	if err != nil {

@@ -76,23 +76,29 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 		}
 		defer svc.Close()
 	}
+	// One reservation for the whole batch: the names are checked against the store once.
+	forks, err := rt.ReserveN(o.N, o.Names, func(c *tree.Container) error {
+		c.Image, c.Command, c.Env, c.WorkingDir, c.Hook = s.Image, s.Command, s.Env, s.WorkingDir, s.Hook
+		c.Parent, c.Depth = s.Source.ID, s.Source.Depth+1
+		c.Lower = s.Lower
+		c.Family, c.MemDir = s.Family, s.FamilyDir
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("restore %s: %w", s.ID, err)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
-		mu    sync.Mutex
-		forks = make([]*tree.Container, o.N)
-		out   = make([]stage.Fork, o.N)
-		errs  []error
-		wg    sync.WaitGroup
-		sem   = make(chan struct{}, par)
+		mu   sync.Mutex
+		out  = make([]stage.Fork, o.N)
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, par)
 	)
 	for i := 0; i < o.N; i++ {
-		name := ""
-		if i < len(o.Names) {
-			name = o.Names[i]
-		}
 		wg.Add(1)
-		go func(i int, name string) {
+		go func(i int) {
 			defer wg.Done()
 			select {
 			case sem <- struct{}{}:
@@ -103,7 +109,7 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 			if ctx.Err() != nil {
 				return
 			}
-			c, f, err := restoreOne(ctx, rt, s, svc, name)
+			f, err := restoreOne(ctx, rt, s, svc, forks[i])
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -111,22 +117,21 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 				cancel()
 				return
 			}
-			forks[i], out[i] = c, f
+			out[i] = f
 			if o.OnFork != nil {
 				o.OnFork(f)
 			}
-		}(i, name)
+		}(i)
 	}
 	wg.Wait()
 	if err := ctx.Err(); err != nil && len(errs) == 0 {
 		errs = append(errs, fmt.Errorf("restore %s: %w", s.ID, context.Cause(ctx)))
 	}
 	if len(errs) > 0 {
-		// All or nothing: a batch that failed half-way leaves no forks.
+		// All or nothing: a batch that failed half-way leaves no forks, and no records of
+		// the ones it never started.
 		for _, c := range forks {
-			if c != nil {
-				_ = rt.Delete(c)
-			}
+			_ = rt.Delete(c)
 		}
 		return nil, errs[0]
 	}
@@ -149,28 +154,15 @@ func checkRestorable(s *stage.Snapshot) error {
 	return nil
 }
 
-func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc *criu.Service, name string) (_ *tree.Container, _ stage.Fork, retErr error) {
+// restoreOne starts the reserved fork c; the batch deletes it if anything fails. Its
+// restore_ms runs from here (its record was written with the batch's) to running.
+func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc *criu.Service, c *tree.Container) (stage.Fork, error) {
 	begin := time.Now()
-	c, err := rt.Reserve(name, func(c *tree.Container) error {
-		c.Image, c.Command, c.Env, c.WorkingDir, c.Hook = s.Image, s.Command, s.Env, s.WorkingDir, s.Hook
-		c.Parent, c.Depth = s.Source.ID, s.Source.Depth+1
-		c.Lower = s.Lower
-		c.Family, c.MemDir = s.Family, s.FamilyDir
-		return nil
-	})
-	if err != nil {
-		return nil, stage.Fork{}, err
-	}
-	defer func() {
-		if retErr != nil {
-			_ = rt.Delete(c)
-		}
-	}()
 	if err := start(ctx, rt, c, s, c.Upper, svc); err != nil {
-		return nil, stage.Fork{}, err
+		return stage.Fork{}, err
 	}
 	if err := hook.Reseed(ctx, c); err != nil {
-		return nil, stage.Fork{}, fmt.Errorf("fork %s: %w", c.ID, err)
+		return stage.Fork{}, fmt.Errorf("fork %s: %w", c.ID, err)
 	}
 	restoreMs := stage.Ms(time.Since(begin))
 	c.Timings = map[string]float64{"dump_ms": s.Dump.WallMs, "frozen_ms": s.Dump.FrozenMs, "restore_ms": restoreMs}
@@ -178,9 +170,9 @@ func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc
 		c.Timings["memfile_ms"] = s.Memfile.Ms
 	}
 	if err := rt.Tree.Put(c); err != nil {
-		return nil, stage.Fork{}, err
+		return stage.Fork{}, err
 	}
-	return c, stage.Fork{
+	return stage.Fork{
 		Kind: stage.KindFork, Version: stage.Version, ID: c.ID, Name: c.Name, Parent: c.Parent,
 		Depth: c.Depth, Pid: c.Pid, Hostname: c.Hostname, Snapshot: s.ID, Family: c.Family,
 		RestoreMs: restoreMs,

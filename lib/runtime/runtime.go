@@ -24,6 +24,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/tree"
+	"golang.org/x/sync/errgroup"
 )
 
 // Runtime bundles the stores a command needs.
@@ -158,32 +159,84 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 // creates racing for one name cannot both win. The record already names every path and
 // cgroup the container will own, so a crash half-way leaves something Delete can clean.
 func (r *Runtime) Reserve(name string, fill func(*tree.Container) error) (*tree.Container, error) {
+	cs, err := r.ReserveN(1, []string{name}, fill)
+	if err != nil {
+		return nil, err
+	}
+	return cs[0], nil
+}
+
+// ReserveN reserves n containers as Reserve does, names[i] naming the i-th ("" or missing:
+// no name), under one lock and one look at the names in use: a batch of named forks would
+// otherwise read every record in the store once per fork. It reserves all or none.
+func (r *Runtime) ReserveN(n int, names []string, fill func(*tree.Container) error) (_ []*tree.Container, retErr error) {
+	if len(names) > n {
+		return nil, fmt.Errorf("%d names for %d containers", len(names), n)
+	}
 	unlock, err := r.Tree.Lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if name != "" {
-		if err := r.Tree.CheckNameFree(name); err != nil {
+	taken := map[string]string{} // name -> id
+	if slices.ContainsFunc(names, func(s string) bool { return s != "" }) {
+		if taken, err = r.Tree.NamesInUse(); err != nil {
 			return nil, err
 		}
 	}
-	id := r.Tree.NewID()
-	c := &tree.Container{ID: id, Name: name, Hostname: id, Created: time.Now().UTC(), State: tree.StateCreating, Owner: os.Getpid()}
-	layer := overlay.Dir(r.Tree.Path(id), nil)
-	c.Upper, c.Work, c.RootFS, c.MemDir = layer.Upper, layer.Work, layer.Target, MemDir(id)
-	cg, err := cgroup.Resolve(id, r.CgroupParent)
-	if err != nil {
+	var out []*tree.Container
+	defer func() {
+		if retErr != nil {
+			for _, c := range out {
+				_ = r.Tree.Remove(c.ID)
+			}
+		}
+	}()
+	ids := map[string]bool{}
+	for i := 0; i < n; i++ {
+		name := ""
+		if i < len(names) {
+			name = names[i]
+		}
+		if name != "" {
+			if id, ok := taken[name]; ok {
+				if slices.ContainsFunc(out, func(c *tree.Container) bool { return c.ID == id }) {
+					return nil, fmt.Errorf("%w: %q is given twice", tree.ErrNameInUse, name)
+				}
+				return nil, fmt.Errorf("%w: %q is container %s (pick another name or delete it)", tree.ErrNameInUse, name, id)
+			}
+		}
+		id := r.Tree.NewID()
+		for ids[id] {
+			id = r.Tree.NewID()
+		}
+		ids[id] = true
+		c := &tree.Container{ID: id, Name: name, Hostname: id, Created: time.Now().UTC(), State: tree.StateCreating, Owner: os.Getpid()}
+		layer := overlay.Dir(r.Tree.Path(id), nil)
+		c.Upper, c.Work, c.RootFS, c.MemDir = layer.Upper, layer.Work, layer.Target, MemDir(id)
+		cg, err := cgroup.Resolve(id, r.CgroupParent)
+		if err != nil {
+			return nil, err
+		}
+		c.Cgroup, c.CgroupV2 = cg.Paths, cg.V2
+		if err := fill(c); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+		if name != "" {
+			taken[name] = id
+		}
+	}
+	// Each record is fsynced: written side by side, the syncs overlap.
+	var g errgroup.Group
+	g.SetLimit(8)
+	for _, c := range out {
+		g.Go(func() error { return r.Tree.Put(c) })
+	}
+	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	c.Cgroup, c.CgroupV2 = cg.Paths, cg.V2
-	if err := fill(c); err != nil {
-		return nil, err
-	}
-	if err := r.Tree.Put(c); err != nil {
-		return nil, err
-	}
-	return c, nil
+	return out, nil
 }
 
 func displayName(c *tree.Container) string {

@@ -267,3 +267,47 @@ func TestRacingCreatesOneNameOneWinner(t *testing.T) {
 		t.Errorf("%d records, want 1", len(all))
 	}
 }
+
+// ReserveN checks names once for the whole batch and reserves all or nothing.
+func TestReserveNAllOrNothing(t *testing.T) {
+	rt := newRuntime(t)
+	fill := func(c *tree.Container) error { c.Image = "x"; return nil }
+	a, err := rt.Reserve("a", fill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rt.Tree.Remove(a.ID) })
+	count := func() int {
+		all, err := rt.Tree.List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(all)
+	}
+	for _, tc := range []struct {
+		names []string
+		want  string
+	}{
+		{[]string{"b", "a"}, `"a" is container ` + a.ID},
+		{[]string{"b", "b"}, `"b" is given twice`},
+		{[]string{"b", "c", "d", "e"}, "4 names for 3 containers"},
+	} {
+		if _, err := rt.ReserveN(3, tc.names, fill); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ReserveN(3, %v): %v, want %q", tc.names, err, tc.want)
+		}
+		if n := count(); n != 1 {
+			t.Errorf("ReserveN(3, %v) failed but left %d records", tc.names, n-1)
+		}
+	}
+	cs, err := rt.ReserveN(3, []string{"b", "c"}, fill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"b", "c", ""} {
+		got, err := rt.Tree.Get(cs[i].ID)
+		if err != nil || got.Name != want || got.State != tree.StateCreating || got.Image != "x" {
+			t.Errorf("record %d = %+v (%v), want name %q, creating", i, got, err, want)
+		}
+		_ = rt.Tree.Remove(cs[i].ID)
+	}
+}

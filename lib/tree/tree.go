@@ -221,16 +221,41 @@ func (s *Store) Resolve(ref string) (*Container, error) {
 	}
 }
 
-// CheckNameFree fails if a record already uses name. Call with the lock held.
-func (s *Store) CheckNameFree(name string) error {
+// NamesInUse maps the name of every named record to its id. Hold the lock when the answer
+// must stay true until you write (Reserve).
+func (s *Store) NamesInUse() (map[string]string, error) {
 	all, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	taken := map[string]string{}
+	for _, c := range all {
+		if c.Name != "" {
+			taken[c.Name] = c.ID
+		}
+	}
+	return taken, nil
+}
+
+// CheckNamesFree fails if a record already uses one of names, or a name is given twice;
+// it reads the store once however many names there are.
+func (s *Store) CheckNamesFree(names []string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	taken, err := s.NamesInUse()
 	if err != nil {
 		return err
 	}
-	for _, c := range all {
-		if c.Name == name {
-			return fmt.Errorf("%w: %q is container %s (pick another name or delete it)", ErrNameInUse, name, c.ID)
+	seen := map[string]bool{}
+	for _, name := range names {
+		if id, ok := taken[name]; ok {
+			return fmt.Errorf("%w: %q is container %s (pick another name or delete it)", ErrNameInUse, name, id)
 		}
+		if seen[name] {
+			return fmt.Errorf("%w: %q is given twice", ErrNameInUse, name)
+		}
+		seen[name] = true
 	}
 	return nil
 }
