@@ -35,12 +35,12 @@ SHM = Path("/dev/shm")  # the tmpfs the memory files live on (LAZYFORK_RUN defau
 FULL = dict(
     heaps=[128, 256], ns=[1, 10, 25, 50, 100], plain_ns=[1, 10, 25, 50, 100],
     lazy_ns=[1, 10, 25, 50], share_ns={256: [1, 10, 100], 128: [10, 100]},
-    lineage_heap=256, lineage_levels=9, nfp_n=10, e2e_ns=[1, 100], settle=5.0,
+    lineage_heap=256, lineage_levels=9, nfp_n=10, e2e_ns=[1, 100], swrk_ns=[1, 10, 100], settle=5.0,
     target_heap=256, copy_runs=3,
 )
 SMOKE = dict(
     heaps=[16], ns=[1, 2], plain_ns=[1, 2], lazy_ns=[1], share_ns={16: [2]},
-    lineage_heap=16, lineage_levels=2, nfp_n=1, e2e_ns=[2], settle=1.0,
+    lineage_heap=16, lineage_levels=2, nfp_n=1, e2e_ns=[2], swrk_ns=[2], settle=1.0,
     target_heap=16, copy_runs=1,
 )
 
@@ -499,10 +499,10 @@ class Bench:
         s["_wall_ms"] = (now() - t) * 1000
         return s
 
-    def restore(self, snap, n, names, rm=False):
+    def restore(self, snap, n, names, rm=False, extra=()):
         """lf-restore -n N. Each fork is sampled (cgroup memory, smaps) when it has run
         cfg.settle seconds, timed from its "running" line on lf-restore's stderr."""
-        args = [BIN / "lf-restore", "-n", n]
+        args = [BIN / "lf-restore", "-n", n, *extra]
         for nm in names:
             args += ["--name", nm]
         if rm:
@@ -529,6 +529,18 @@ class Bench:
                 family_ram_meminfo_bytes=m0["MemAvailable"] - post["MemAvailable"],
                 family_shmem_bytes=post["Shmem"] - m0["Shmem"],
                 source_pause_ms=snap["dump"]["frozen_ms"]))
+            self.delete([f["id"] for f in forks])
+
+    # ---------- restore path: a criu per fork (before) vs the batch's criu service (after) ----------
+
+    def swrk_rows(self, heap, snap):
+        for n in self.cfg["swrk_ns"]:
+            pre = self.quiet()
+            forks, wall, _, smp = self.restore(snap, n, [self.name(f"h{heap}", "swrk", f"n{n}", i) for i in range(n)],
+                                               extra=["--per-fork-criu"])
+            ms = self.measure(forks, smp)
+            post = meminfo()
+            self.row("lazyfork-swrk", heap, n, ms, wall, pre, post, dict(note="lf-restore --per-fork-criu"))
             self.delete([f["id"] for f in forks])
 
     # ---------- plain CRIU restore of the same checkpoint ----------
@@ -820,6 +832,8 @@ class Bench:
         log(f"  snapshot: dump {snap['dump']['wall_ms']:.0f} ms (frozen {snap['dump']['frozen_ms']:.0f}), "
             f"memfile {snap['memfile']['ms']:.0f} ms, {snap['memfile']['pages_moved']} pages moved, {snap['memfile']['pages_kept']} kept")
         self.lazyfork_rows(heap, src, snap, m0)
+        if heap == self.cfg["target_heap"]:
+            self.swrk_rows(heap, snap)
         dumped = self.dump(src["id"], memfile=False)
         self.snap_row(heap, "dumped (plain CRIU image)", dumped)
         self.copy_rates(heap, src, dumped, snap)

@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 MB = 1e6
 STYLE = {"lazyfork": ("LazyFork", "tab:blue", "o"), "plain-criu": ("plain CRIU restore", "tab:red", "s"),
          "criu-lazy-pages": ("CRIU lazy-pages", "tab:orange", "^"), "lazyfork-share": ("LazyFork --share", "tab:green", "D"),
-         "lazyfork-e2e": ("lazyfork fork (end to end)", "tab:purple", "v")}
+         "lazyfork-e2e": ("lazyfork fork (end to end)", "tab:purple", "v"),
+         "lazyfork-swrk": ("LazyFork, criu per fork (before the service)", "tab:cyan", "x")}
 DASH = {128: ":", 256: "-"}
 
 
@@ -81,15 +82,15 @@ def render(out):
     plt.close(fig)
 
     fig, axs = plt.subplots(1, 2, figsize=(13, 5))
-    lines(axs[0], rows, base, "restore_p50_ms")
-    lines(axs[0], rows, base, "restore_p95_ms")
+    lines(axs[0], rows, base + ["lazyfork-swrk"], "restore_p50_ms")
+    lines(axs[0], rows, base + ["lazyfork-swrk"], "restore_p95_ms")
     for ln in axs[0].get_lines()[len(axs[0].get_lines()) // 2:]:
         ln.set_alpha(0.35)
         ln.set_label("_" + ln.get_label())
     axs[0].set(title="Restore latency per fork: p50 (solid markers), p95 (faint)", xlabel="forks (N)", ylabel="ms", yscale="log")
     axs[0].axhline(60, color="gray", lw=0.8, ls="--")
     axs[0].annotate("target 60 ms", (1, 63), fontsize=8, color="gray")
-    lines(axs[1], rows, base + ["lazyfork-e2e"], "wall_ms", 1000, label_n=True)
+    lines(axs[1], rows, base + ["lazyfork-e2e", "lazyfork-swrk"], "wall_ms", 1000, label_n=True)
     axs[1].set(title="Wall time to make N forks", xlabel="forks (N)", ylabel="s", yscale="log")
     axs[1].axhline(4, color="gray", lw=0.8, ls="--")
     for ax in axs:

@@ -166,7 +166,7 @@ def render(b):
                  "MB owned (p50)", "restore ms p50 / p95", "wall ms", "note"], rs))
         w("")
     w("Restore latency is per fork, from reserving the container to its tasks running: overlay mount, cgroup, "
-      "CRIU restore, hostname. The lazy-pages rows are timed the same way around `lf-overlay prepare`, "
+      "CRIU restore (a worker of the batch's `criu service`), hostname. The lazy-pages rows are timed the same way around `lf-overlay prepare`, "
       "`lf-cgroup create`, starting `criu lazy-pages` and `criu restore --lazy-pages -d` (CLI, no probe cache). "
       "\"MB mapped from memfiles\" is resident memory-file pages the fork maps (shared, charged to the "
       "writer of the files); \"owned\" is its anonymous and copied-on-write pages (smaps).")
@@ -238,6 +238,28 @@ def render(b):
                  "restore ms p50"], rs))
         w("")
 
+    # ---- restore path before/after ----
+    swrk = [r for r in rows if r["method"] == "lazyfork-swrk" and r.get("forks_run")]
+    if swrk:
+        w("## Restore path: a criu per fork (before) vs one criu service per batch (after)")
+        w("")
+        w("Before, every fork started `criu swrk` through a re-executed helper that joined its cgroups and "
+          "entered a mount namespace holding CRIU's probe cache (`lf-restore --per-fork-criu` still does). "
+          "Now each batch (or the daemon) starts one `criu service`; a fork is a fork()ed worker of it that "
+          "loads the probe cache, joins the fork's cgroups and restores. Same snapshot, same N, run one after "
+          "the other.")
+        w("")
+        rs = []
+        for r in sorted(swrk, key=lambda r: (r["heap_mb"], r["n"])):
+            svc = (pick(rows, "lazyfork", r["heap_mb"], r["n"]) or [None])[0]
+            for lab, x in (("criu per fork (before)", r), ("criu service (after)", svc)):
+                if x is None:
+                    continue
+                rs.append([x["heap_mb"], x["n"], lab, f"{ms(x['restore_p50_ms'])} / {ms(x['restore_p95_ms'])}",
+                           ms(x["wall_ms"]), mb(x["fork_mem_p50_bytes"], 3)])
+        w(table(["heap MiB", "N", "restore path", "restore ms p50 / p95", "wall ms", "MB per fork (p50)"], rs))
+        w("")
+
     # ---- lineage ----
     if b.lineage:
         w("## Lineage: forks of forks")
@@ -297,14 +319,13 @@ def mem_why(top, v):
 def latency_why(b, top, one):
     parts = []
     if one:
-        parts.append(f"a fork restored alone takes {one['restore_p50_ms']:.0f} ms; a perf trace of one "
-                     "restore on this machine split it into ~15 ms re-executing the Go binary as the "
-                     "probe-cache helper (new mount namespace, cgroup joins; the first cgroup-v1 attach "
-                     "waits ~9 ms for an RCU grace period), ~30 ms inside criu (~8 ms start-up and image "
-                     "parsing, ~4 ms tar+gzip restoring the container's /dev tmpfs) and ~5 ms bookkeeping")
-    parts.append(f"in a batch two restores share the 2 cores (p50 {top['restore_p50_ms']:.0f} ms at N={top['n']}). "
-                 "The floor measured in tuning-findings.md (21-23 ms) needs a long-lived `criu service` "
-                 "with the probe cache, which the stage binaries do not use")
+        parts.append(f"a fork restored alone takes {one['restore_p50_ms']:.0f} ms. Traced on this machine: "
+                     "~18 ms is CRIU's own restore, in a worker of a long-lived `criu service` that has the "
+                     "probe cache; 5-15 ms is moving that worker into the fork's cgroup-v1 groups (the first "
+                     "attach after a quiet spell waits for an RCU grace period); a few ms go to bookkeeping "
+                     "(overlay mount, cgroup mkdir, records written with fsync)")
+    parts.append(f"in a batch two restores share the 2 cores (p50 {top['restore_p50_ms']:.0f} ms at N={top['n']}), "
+                 "and the forks already running take their share")
     return "; ".join(parts)
 
 
@@ -314,8 +335,10 @@ def ratio_why(plain1, lf1):
     need = plain1["restore_p50_ms"] / 15
     return (f"a plain restore of this heap takes {plain1['restore_p50_ms']:.0f} ms alone (most of it copying "
             f"{plain1['heap_mb']} MiB), so 15x needs LazyFork restores of {need:.0f} ms or less; they take "
-            f"{lf1['restore_p50_ms']:.0f} ms alone (see latency). In batches the ratio moves with how plain "
-            f"restores, which copy the heap, contend for the 2 cores and memory bandwidth")
+            f"{lf1['restore_p50_ms']:.0f} ms alone. CRIU's own restore work (~18 ms) plus the cgroup-v1 attach "
+            f"of its worker (5-15 ms) already exceed that on this host; the 21-23 ms floor in "
+            f"tuning-findings.md was a bare process with no container or cgroup to set up. In batches the ratio "
+            f"moves with how plain restores, which copy the heap, contend for the 2 cores and memory bandwidth")
 
 
 class _Run:

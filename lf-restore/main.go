@@ -27,6 +27,8 @@ type cli struct {
 	Name     []string `help:"Name for a fork (repeat for several)."`
 	Parallel int      `help:"Concurrent restores (default: number of CPUs)."`
 	Rm       bool     `help:"Remove the snapshot's image afterwards (memory files and layers stay while forks use them)."`
+	// For comparison (bench/): the restore path LazyFork used before the criu service.
+	PerForkCriu bool `help:"Start a criu (swrk) per fork instead of serving the batch from one criu service (slower)."`
 }
 
 func main() {
@@ -46,7 +48,7 @@ func run(ctx context.Context, c cli) error {
 		return err
 	}
 	// Lines are printed only once the whole batch stands: a failed batch is undone.
-	forks, err := fork.Restore(ctx, rt, s, fork.RestoreOptions{N: c.N, Names: c.Name, Parallel: c.Parallel,
+	forks, err := fork.Restore(ctx, rt, s, fork.RestoreOptions{N: c.N, Names: c.Name, Parallel: c.Parallel, PerForkCriu: c.PerForkCriu,
 		OnFork: func(f stage.Fork) {
 			fmt.Fprintf(os.Stderr, "fork %s running (pid %d, %.0f ms)\n", f.ID, f.Pid, f.RestoreMs)
 		}})

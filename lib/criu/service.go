@@ -106,7 +106,12 @@ func (s *Service) start(ctx context.Context, bin string) error {
 	}
 	defer ready.Close()
 
-	cmd := exec.Command(bin, "service", "--address", s.sock, "--status-fd", "3")
+	args := []string{"service", "--address", s.sock, "--status-fd", "3"}
+	if s.kdat {
+		// criu probes the kernel before it serves; unprivileged, it loads our cache instead.
+		args = append(args, "--unprivileged")
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.ExtraFiles = []*os.File{readyW}
 	cmd.Stdout, cmd.Stderr = s.out, s.out
 	cmd.Env = append(criuEnv(), "XDG_RUNTIME_DIR="+s.dir)

@@ -33,6 +33,9 @@ type RestoreOptions struct {
 	OnFork func(stage.Fork)
 	// Service serves the restores; nil starts one for this batch (a daemon keeps its own).
 	Service *criu.Service
+	// PerForkCriu starts a criu (swrk) for every fork instead, as before the service: only
+	// to measure the difference.
+	PerForkCriu bool
 }
 
 // Restore makes o.N forks of a memfiled snapshot. Every fork is a new container with its
@@ -69,7 +72,9 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 		par = goruntime.NumCPU()
 	}
 	svc := o.Service
-	if svc == nil || !svc.Alive() {
+	if o.PerForkCriu {
+		svc = nil
+	} else if svc == nil || !svc.Alive() {
 		var err error
 		if svc, err = criu.StartService(ctx, kdatDir()); err != nil {
 			return nil, fmt.Errorf("restore %s: %w", s.ID, err)
