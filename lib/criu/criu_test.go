@@ -369,33 +369,8 @@ func TestDumpRestoreBare(t *testing.T) {
 func TestDumpRestoreContainerKdat(t *testing.T) {
 	requirePriv(t)
 	ctx := context.Background()
-	base := t.TempDir()
-	root1, root2 := filepath.Join(base, "root1"), filepath.Join(base, "root2")
-	pid := startContained(t, root1)
-	makeRoot(t, root2)
 	kdat := kdatTempDir(t)
-	img := t.TempDir()
-
-	dumped := -1
-	d, err := Dump(ctx, DumpOptions{
-		Pid: pid, ImagesDir: img, LeaveRunning: true,
-		ExternalMounts: map[string]string{"/usr": "usr"},
-		KdatDir:        kdat,
-		Notify: func(script string, _ int) error {
-			if script != "post-dump" {
-				return nil
-			}
-			b, err := os.ReadFile(filepath.Join(root1, "cnt.log"))
-			if err != nil {
-				return err
-			}
-			dumped = last(counts(t, filepath.Join(root1, "cnt.log")))
-			return os.WriteFile(filepath.Join(root2, "cnt.log"), b, 0o644)
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, img, root2, dumped := dumpContained(t, kdat)
 	t.Logf("dump: %+v", d)
 	if !d.KdatCache {
 		t.Error("dump of a container did not use the kdat namespace")
@@ -406,12 +381,11 @@ func TestDumpRestoreContainerKdat(t *testing.T) {
 	}
 
 	assertNoBreakpoints(t, d.LogPath)
-	bindSelf(t, root2)
 
 	// Without the external mount's mapping the restore fails; no restored task may be left
 	// behind, not even a zombie child.
 	before := ourChildren(t)
-	_, err = Restore(ctx, RestoreOptions{ImagesDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2, KdatDir: kdat})
+	_, err := Restore(ctx, RestoreOptions{ImagesDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2, KdatDir: kdat})
 	var ce *Error
 	if !errors.As(err, &ce) || ce.Excerpt == "" {
 		t.Fatalf("restore without mapping: err = %v", err)

@@ -29,9 +29,9 @@ func startService(t *testing.T) (*Service, string) {
 	return s, kdat
 }
 
-// dumpContained dumps a tiny container and returns its image and a restore root holding
-// the counter file as it was at the dump.
-func dumpContained(t *testing.T, kdat string) (img, root2 string, dumped int) {
+// dumpContained dumps a tiny container and returns its image, a restore root (a private
+// mount point) holding the counter file as it was at the dump, and the last count dumped.
+func dumpContained(t *testing.T, kdat string) (d *DumpResult, img, root2 string, dumped int) {
 	t.Helper()
 	base := t.TempDir()
 	root1 := filepath.Join(base, "root1")
@@ -39,7 +39,7 @@ func dumpContained(t *testing.T, kdat string) (img, root2 string, dumped int) {
 	pid := startContained(t, root1)
 	makeRoot(t, root2)
 	img = t.TempDir()
-	_, err := Dump(context.Background(), DumpOptions{
+	d, err := Dump(context.Background(), DumpOptions{
 		Pid: pid, ImagesDir: img, LeaveRunning: true, KdatDir: kdat,
 		ExternalMounts: map[string]string{"/usr": "usr"},
 		Notify: func(script string, _ int) error {
@@ -58,7 +58,7 @@ func dumpContained(t *testing.T, kdat string) (img, root2 string, dumped int) {
 		t.Fatal(err)
 	}
 	bindSelf(t, root2)
-	return img, root2, dumped
+	return d, img, root2, dumped
 }
 
 func TestServiceRestoresContainer(t *testing.T) {
@@ -67,7 +67,7 @@ func TestServiceRestoresContainer(t *testing.T) {
 	if !s.kdat {
 		t.Error("service started without a probe cache")
 	}
-	img, root2, dumped := dumpContained(t, kdat)
+	_, img, root2, dumped := dumpContained(t, kdat)
 	snapshot, err := os.ReadFile(filepath.Join(root2, "cnt.log"))
 	if err != nil {
 		t.Fatal(err)
