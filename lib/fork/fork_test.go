@@ -154,6 +154,10 @@ while True:
 	if famBytes < 250<<20 || famBytes > 300<<20 {
 		t.Errorf("family memory files hold %d MB, want the 256 MB heap once", famBytes>>20)
 	}
+	// Wherever the kernel has huge tmpfs pages, the heap's memory file is made of them and
+	// forks map it in 2 MiB pages.
+	_, thp := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+	huge := thp == nil
 	time.Sleep(time.Second)
 	for _, f := range forks {
 		in := rt.Inspect(f)
@@ -166,6 +170,11 @@ while True:
 		}
 		if d := execOut(t, rt, f, "cat", "/tmp/digest"); d != parentDigest {
 			t.Errorf("fork %s heap digest %s, want the parent's %s", f.ID, d, parentDigest)
+		}
+		// The digest read the whole heap: in 4 KiB pages that takes >= 512 kB of page
+		// tables (one 4 KiB table per 2 MiB), in huge pages almost none.
+		if pte := vmPTEkB(t, f.Pid); huge && pte >= 256 {
+			t.Errorf("fork %s has %d kB of page tables after reading its 256 MB heap: not mapped in huge pages", f.ID, pte)
 		}
 	}
 	// Write in fork 0: memory and a file.
@@ -440,4 +449,20 @@ func TestShareMovesSourceOntoSnapshot(t *testing.T) {
 	if _, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func vmPTEkB(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmPTE:" {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	t.Fatalf("no VmPTE in /proc/%d/status", pid)
+	return 0
 }

@@ -141,9 +141,9 @@ func preadFull(fd int, b []byte, off int64) (int, error) {
 	return got, nil
 }
 
-// copyExtents copies the data extents of src in [off, off+n) to dst at [0, n), found
+// copyExtents copies the data extents of src in [off, off+n) to dst at [dstOff, dstOff+n), found
 // with SEEK_DATA/SEEK_HOLE so holes stay holes. It returns the bytes copied.
-func copyExtents(dst, src int, off, n int64) (int64, error) {
+func copyExtents(dst, src int, off, n, dstOff int64) (int64, error) {
 	var copied int64
 	end := off + n
 	for pos := off; pos < end; {
@@ -162,7 +162,7 @@ func copyExtents(dst, src int, off, n int64) (int64, error) {
 			return copied, fmt.Errorf("seek hole at %d: %w", data, err)
 		}
 		hole = min(hole, end)
-		if err := copyRange(dst, src, data, data-off, hole-data); err != nil {
+		if err := copyRange(dst, src, data, dstOff+data-off, hole-data); err != nil {
 			return copied, err
 		}
 		copied += hole - data

@@ -85,10 +85,12 @@ type Result struct {
 	DeltaPages  int64 `json:"delta_pages"`
 	// References names every family file (in FamilyDir) the rewritten image maps, new
 	// and old: the files that must outlive the snapshot.
-	References   []string      `json:"references"`
-	BytesWritten int64         `json:"bytes_written"` // bytes written into memory files
-	Duration     time.Duration `json:"duration_ns"`
-	MBPerSec     float64       `json:"mb_per_sec"` // BytesWritten / Duration, MB = 10^6 bytes
+	References   []string `json:"references"`
+	BytesWritten int64    `json:"bytes_written"` // bytes written into memory files
+	// HugePages counts 2 MiB stretches of anonymous memory made huge pages (see huge.go).
+	HugePages int           `json:"huge_pages"`
+	Duration  time.Duration `json:"duration_ns"`
+	MBPerSec  float64       `json:"mb_per_sec"` // BytesWritten / Duration, MB = 10^6 bytes
 }
 
 // File is one memory file created by Rewrite.

@@ -32,18 +32,23 @@ type rewriter struct {
 
 // memFile is one memory file to create and the data that goes into it.
 type memFile struct {
-	name     string
-	path     string
-	kind     string
-	size     int64
-	t        *task
-	v        *vmaInfo
-	f        *os.File
-	punch    bool // zero pages must punch holes: base bytes lie under them
-	pieces   []piece
-	written  int64
-	bytes    int64
-	dataSize int64 // bytes going in (work estimate: biggest files start first)
+	name  string
+	path  string
+	kind  string
+	size  int64
+	t     *task
+	v     *vmaInfo
+	f     *os.File
+	punch bool // zero pages must punch holes: base bytes lie under them
+	// at is the file offset the VMA's start maps: for anonymous memory its start modulo
+	// 2 MiB, so that file offsets and addresses agree on huge-page boundaries and a huge
+	// tmpfs page can be mapped whole (one PMD, no page-table page).
+	at        int64
+	hugePages int // 2 MiB stretches collapsed into huge pages
+	pieces    []piece
+	written   int64
+	bytes     int64
+	dataSize  int64 // bytes going in (work estimate: biggest files start first)
 }
 
 func (r *rewriter) plan() error {
@@ -122,7 +127,11 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 				size = AnonFileSize
 			}
 			v.act = actRebase
-			r.addFile(t, v, fmt.Sprintf("%s%s%x-%s", prefix, who, start, tail), kindOf(tail), size, true).dataSize += shared * pageSize
+			mf := r.addFile(t, v, fmt.Sprintf("%s%s%x-%s", prefix, who, start, tail), kindOf(tail), size, true)
+			mf.dataSize += shared * pageSize
+			if size == AnonFileSize {
+				mf.at = hugeOffset(start)
+			}
 			return nil
 		}
 		if !r.opts.ConvertFilePrivate || v.present == 0 || v.missing || r.set.remapped[fe.GetId()] {
@@ -137,10 +146,15 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 			return nil
 		}
 		v.act = actAnon
-		r.addFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start), "anon", AnonFileSize, false)
+		r.addFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start), "anon", AnonFileSize, false).at = hugeOffset(start)
 	}
 	return nil
 }
+
+// hugeAlign is the size of a PMD-mapped huge page (x86-64, arm64 with 4 KiB pages).
+const hugeAlign = 2 << 20
+
+func hugeOffset(start uint64) int64 { return int64(start % hugeAlign) }
 
 func (r *rewriter) addFile(t *task, v *vmaInfo, name, kind string, size int64, punch bool) *memFile {
 	mf := &memFile{name: name, path: filepath.Join(r.opts.FamilyDir, name), kind: kind, size: size, t: t, v: v, punch: punch}
@@ -260,6 +274,7 @@ func (r *rewriter) fill(ctx context.Context) error {
 	}
 	for _, mf := range r.files {
 		r.res.BytesWritten += mf.written
+		r.res.HugePages += mf.hugePages
 	}
 	return nil
 }
@@ -298,7 +313,7 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 	case actRebase:
 		var n int64
 		base := r.family[mf.v.family]
-		n, err = copyExtents(fd, int(base.Fd()), int64(mf.v.e.GetPgoff()), int64(mf.v.e.GetEnd()-mf.v.e.GetStart()))
+		n, err = copyExtents(fd, int(base.Fd()), int64(mf.v.e.GetPgoff()), int64(mf.v.e.GetEnd()-mf.v.e.GetStart()), mf.at)
 		mf.written += n
 		if err != nil {
 			err = fmt.Errorf("copy family file %s into %s: %w", mf.v.family, mf.name, err)
@@ -309,13 +324,16 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 	}
 	start := mf.v.e.GetStart()
 	for _, p := range mf.pieces {
-		dst := int64(p.vaddr - start)
+		dst := mf.at + int64(p.vaddr-start)
 		src := pages[p.src : p.src+p.n*pageSize]
 		n, err := writePages(ctx, fd, src, dst, mf.punch)
 		mf.written += n
 		if err != nil {
 			return fmt.Errorf("write memory file %s: %w", mf.name, err)
 		}
+	}
+	if mf.size == AnonFileSize {
+		mf.hugePages = collapseDense(fd, mf.at, int64(mf.v.e.GetEnd()-mf.v.e.GetStart()))
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -411,7 +429,7 @@ func (r *rewriter) writeImages(ctx context.Context, undo *cleanup) error {
 	return nil
 }
 
-// pointAt makes v a private mapping of its memory file at offset 0 and adds the file
+// pointAt makes v a private mapping of its memory file at offset mf.at and adds the file
 // entry CRIU opens it by: the in-container name, no mnt_id, the real size and mode.
 func (r *rewriter) pointAt(v *vmaInfo) {
 	mf := v.out
@@ -421,7 +439,7 @@ func (r *rewriter) pointAt(v *vmaInfo) {
 	e.Status = proto.Uint32(statusFilePriv)
 	e.Flags = proto.Uint32(e.GetFlags() &^ unix.MAP_ANONYMOUS)
 	e.Shmid = proto.Uint64(uint64(id))
-	e.Pgoff = proto.Uint64(0)
+	e.Pgoff = proto.Uint64(uint64(mf.at))
 	e.Fdflags = proto.Uint32(0)
 	zero := func() *uint32 { return proto.Uint32(0) }
 	fe := &fdinfo.FileEntry{

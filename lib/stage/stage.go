@@ -90,6 +90,7 @@ type MemfileStats struct {
 	DeltaPages        int64   `json:"delta_pages"`
 	Rebased           bool    `json:"rebased"`
 	BytesWritten      int64   `json:"bytes_written"`
+	HugePages         int     `json:"huge_pages"`
 	Ms                float64 `json:"ms"`
 	MBPerSec          float64 `json:"mb_per_sec"`
 }
