@@ -710,7 +710,8 @@ class Bench:
             pages_written=d.get("pages_written"), image_bytes=d.get("image_bytes"),
             memfile_ms=m.get("ms"), memfile_mb_s=m.get("mb_per_sec"), memfile_bytes=m.get("bytes_written"),
             pages_moved=m.get("pages_moved"), pages_kept=m.get("pages_kept"), delta_pages=m.get("delta_pages"),
-            files=m.get("files"), file_vmas_converted=m.get("file_vmas_converted"), pipeline_wall_ms=s.get("_wall_ms")))
+            files=m.get("files"), file_vmas_converted=m.get("file_vmas_converted"), huge_pages=m.get("huge_pages"),
+            pipeline_wall_ms=s.get("_wall_ms")))
 
     # ---------- one copy of the memory per family ----------
 
