@@ -35,12 +35,12 @@ SHM = Path("/dev/shm")  # the tmpfs the memory files live on (LAZYFORK_RUN defau
 FULL = dict(
     heaps=[128, 256], ns=[1, 10, 25, 50, 100], plain_ns=[1, 10, 25, 50, 100],
     lazy_ns=[1, 10, 25, 50], share_ns={256: [1, 10, 100], 128: [10, 100]},
-    lineage_heap=256, lineage_levels=9, nfp_n=10, e2e_ns=[1, 100], swrk_ns=[1, 10, 100], settle=5.0,
+    lineage_heap=256, lineage_levels=9, nfp_n=10, e2e_ns=[1, 100], swrk_ns=[1, 10, 100], huge_ns=[10, 100], settle=5.0,
     target_heap=256, copy_runs=3,
 )
 SMOKE = dict(
     heaps=[16], ns=[1, 2], plain_ns=[1, 2], lazy_ns=[1], share_ns={16: [2]},
-    lineage_heap=16, lineage_levels=2, nfp_n=1, e2e_ns=[2], swrk_ns=[2], settle=1.0,
+    lineage_heap=16, lineage_levels=2, nfp_n=1, e2e_ns=[2], swrk_ns=[2], huge_ns=[2], settle=1.0,
     target_heap=16, copy_runs=1,
 )
 
@@ -763,6 +763,21 @@ class Bench:
         self.row("lazyfork-anon-only", heap, n, ms, wall, pre, post, dict(note="lf-memfile --no-file-private"))
         self.delete([f["id"] for f in forks])
 
+    # ---------- huge pages: lf-memfile --huge-pages ----------
+
+    def huge_rows(self, heap, src):
+        s = self.dump(src["id"], memfile_args=["--huge-pages"])
+        self.snap_row(heap, "memfiled --huge-pages", s)
+        for n in self.cfg["huge_ns"]:
+            pre = self.quiet()
+            forks, wall, _, smp = self.restore(s, n, [self.name(f"h{heap}", "huge", f"n{n}", i) for i in range(n)])
+            ms = self.measure(forks, smp)
+            post = meminfo()
+            self.row("lazyfork-huge", heap, n, ms, wall, pre, post, dict(
+                note=f"lf-memfile --huge-pages ({s['memfile'].get('huge_pages')} huge pages)",
+                memfile_ms=s["memfile"]["ms"], memfile_mb_s=s["memfile"]["mb_per_sec"]))
+            self.delete([f["id"] for f in forks])
+
     # ---------- idle forks: the agent only holds its heap ----------
 
     def idle_rows(self, heap):
@@ -850,6 +865,7 @@ class Bench:
                 self.lazy.remove(rec)
         if heap == self.cfg["target_heap"]:
             self.no_file_private(heap, src)
+            self.huge_rows(heap, src)
             self.e2e_rows(heap, src)
             if heap == self.cfg["lineage_heap"]:
                 self.lineage_rows(heap, src)

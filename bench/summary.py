@@ -239,6 +239,30 @@ def render(b):
                  "restore ms p50"], rs))
         w("")
 
+    # ---- huge pages before/after ----
+    huge = [r for r in rows if r["method"] == "lazyfork-huge" and r.get("forks_run")]
+    if huge:
+        w("## Huge pages for the memory files (`lf-memfile --huge-pages`, `lazyfork fork --huge-pages`)")
+        w("")
+        w("A fork maps the heap's memory file MAP_PRIVATE; every 2 MiB stretch it reads through 4 KiB pages costs "
+          "it a 4 KiB page table. With `--huge-pages` the rewrite puts each dense 2 MiB stretch (>= 3/4 data) of "
+          "anonymous memory in one huge page (MADV_COLLAPSE), which forks map with no page table. It is not the "
+          "default because collapsing slows the rewrite (see memfile ms and the snapshot table).")
+        w("")
+        rs = []
+        for r in sorted(huge, key=lambda r: (r["heap_mb"], r["n"])):
+            base = (pick(rows, "lazyfork", r["heap_mb"], r["n"]) or [None])[0]
+            snap_default = next((s for s in b.snaps if s["heap_mb"] == r["heap_mb"] and s["kind"] == "memfiled"), {})
+            for lab, x, mfms in (("4 KiB pages (default)", base, snap_default.get("memfile_ms")),
+                                 ("huge pages", r, r.get("memfile_ms"))):
+                if x is None:
+                    continue
+                rs.append([x["heap_mb"], x["n"], lab, mb(x["fork_mem_p50_bytes"], 3), mb(x.get("kmem_p50_bytes"), 3),
+                           mb(x.get("pte_p50_bytes"), 3), ms(x["restore_p50_ms"]), ms(mfms)])
+        w(table(["heap MiB", "N", "memory files", "MB per fork (p50)", "kmem", "page tables (VmPTE)",
+                 "restore ms p50", "memfile ms"], rs))
+        w("")
+
     # ---- restore path before/after ----
     swrk = [r for r in rows if r["method"] == "lazyfork-swrk" and r.get("forks_run")]
     if swrk:

@@ -24,6 +24,7 @@ type cli struct {
 	MountPath     string `help:"Raw CRIU image mode: path at which the restored task sees the memory files (default: the family dir itself)."`
 	Force         bool   `help:"Rewrite even if the image maps jemalloc, mimalloc or tcmalloc."`
 	NoFilePrivate bool   `help:"Leave copied-on-write library pages in the image (per-fork floor ~2 MB)."`
+	HugePages     bool   `help:"Make dense 2 MiB stretches of anonymous memory huge pages: forks map them without page tables (~0.4 MB less per working fork of a 256 MiB heap); the rewrite takes longer."`
 	Rebase        *bool  `help:"Force (or with --no-rebase forbid) writing fresh memory files for a fork's delta." negatable:""`
 }
 
@@ -41,7 +42,7 @@ func run(ctx context.Context, c cli) error {
 	if err != nil {
 		return err
 	}
-	s, err = fork.Memfile(ctx, s, fork.MemfileOptions{Force: c.Force, NoFilePrivate: c.NoFilePrivate, Rebase: c.Rebase})
+	s, err = fork.Memfile(ctx, s, fork.MemfileOptions{Force: c.Force, NoFilePrivate: c.NoFilePrivate, Rebase: c.Rebase, HugePages: c.HugePages})
 	if err != nil {
 		return err
 	}
@@ -75,7 +76,7 @@ func rewriteRaw(ctx context.Context, c cli) error {
 		return err
 	}
 	res, err := memfile.Rewrite(ctx, memfile.Options{ImagesDir: dir, FamilyDir: fam, MountPath: mount,
-		ConvertFilePrivate: !c.NoFilePrivate, Prefix: "m", AllowAllocators: c.Force})
+		ConvertFilePrivate: !c.NoFilePrivate, Prefix: "m", AllowAllocators: c.Force, HugePages: c.HugePages})
 	if err != nil {
 		_ = os.Remove(fam) // only if still empty
 		return err

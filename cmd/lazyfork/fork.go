@@ -22,6 +22,7 @@ type forkCmd struct {
 	Name      []string `help:"Name for a fork (repeat for several)."`
 	Force     bool     `help:"Fork even if the workload uses an allocator that relies on MADV_DONTNEED zero-fill."`
 	Share     bool     `help:"Move the source onto the snapshot too (pauses it 0.4-0.8 s for 128-256 MiB heaps), so parent and forks hold its memory once."`
+	HugePages bool     `help:"Put the heap in huge pages: each working fork costs ~0.4 MB less (256 MiB heap), the snapshot takes longer."`
 	hookFlags
 	JSON bool `help:"Print one JSON line per fork."`
 }
@@ -52,7 +53,7 @@ func (c *forkCmd) Run(ctx context.Context, g *Globals) error {
 			fmt.Fprintf(os.Stderr, "\rforking %s [%s%s] %d/%d", c.Container, strings.Repeat("█", w), strings.Repeat(" ", 30-w), d, n)
 		}
 	}
-	res, err := e.Fork(ctx, c.Container, client.ForkRequest{N: n, Names: c.Name, Force: c.Force, Share: c.Share, HookOptions: c.hookFlags.options()}, onFork)
+	res, err := e.Fork(ctx, c.Container, client.ForkRequest{N: n, Names: c.Name, Force: c.Force, Share: c.Share, HugePages: c.HugePages, HookOptions: c.hookFlags.options()}, onFork)
 	if bar {
 		fmt.Fprintln(os.Stderr)
 	}

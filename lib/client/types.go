@@ -63,6 +63,9 @@ type ForkRequest struct {
 	// Share moves the source onto the snapshot too, so parent and forks hold its memory
 	// once (the source pauses for a few hundred ms and gets a new host pid).
 	Share bool `json:"share,omitempty"`
+	// HugePages makes the heap's memory files huge pages: ~0.4 MB less per working fork of
+	// a 256 MiB heap, for a slower rewrite.
+	HugePages bool `json:"huge_pages,omitempty"`
 	HookOptions
 }
 

@@ -41,7 +41,12 @@ func create(t *testing.T, rt *runtime.Runtime, name string, cmd ...string) *tree
 
 func doFork(t *testing.T, rt *runtime.Runtime, c *tree.Container, n int, names ...string) []*tree.Container {
 	t.Helper()
-	forks, _, err := fork.Fork(ctx, rt, c, fork.Options{RestoreOptions: fork.RestoreOptions{N: n, Names: names}})
+	return doForkWith(t, rt, c, fork.Options{RestoreOptions: fork.RestoreOptions{N: n, Names: names}})
+}
+
+func doForkWith(t *testing.T, rt *runtime.Runtime, c *tree.Container, o fork.Options) []*tree.Container {
+	t.Helper()
+	forks, _, err := fork.Fork(ctx, rt, c, o)
 	if err != nil {
 		t.Fatalf("fork %s: %v", c.ID, err)
 	}
@@ -148,14 +153,14 @@ while True:
 	testutil.Eventually(t, 60*time.Second, "digest", func() bool { return tryExec(rt, src, "cat", "/tmp/digest") != "" })
 	parentDigest := execOut(t, rt, src, "cat", "/tmp/digest")
 
-	forks := doFork(t, rt, src, 20)
+	forks := doForkWith(t, rt, src, fork.Options{HugePages: true, RestoreOptions: fork.RestoreOptions{N: 20}})
 	fam := forks[0].Family
 	famBytes := fork.FamilyBytes(fam)
 	if famBytes < 250<<20 || famBytes > 300<<20 {
 		t.Errorf("family memory files hold %d MB, want the 256 MB heap once", famBytes>>20)
 	}
-	// Wherever the kernel has huge tmpfs pages, the heap's memory file is made of them and
-	// forks map it in 2 MiB pages.
+	// With huge pages asked for, wherever the kernel has huge tmpfs pages the heap's memory
+	// file is made of them and forks map it in 2 MiB pages.
 	_, thp := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 	huge := thp == nil
 	time.Sleep(time.Second)

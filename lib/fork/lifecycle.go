@@ -21,6 +21,8 @@ type Options struct {
 	// and its forks hold the heap once instead of twice. Not the default: the source gets
 	// a new host pid and, should its restore fail, is left stopped (`lazyfork start`).
 	Share bool
+	// HugePages: see memfile.Options.HugePages.
+	HugePages bool
 }
 
 // Fork runs the whole pipeline on a container: dump it (it keeps running), move the
@@ -59,7 +61,7 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 		}
 		_ = GC(rt)
 	}()
-	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force})
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages})
 	if o.Share {
 		// The source is gone since the dump: bring it back first, from the memory files
 		// if the rewrite worked, else from the plain image.

@@ -26,6 +26,8 @@ type MemfileOptions struct {
 	NoFilePrivate bool
 	// Rebase forces (true) a rebase; nil decides by RebaseFraction.
 	Rebase *bool
+	// HugePages: see memfile.Options.HugePages.
+	HugePages bool
 }
 
 // Memfile moves a dumped snapshot's memory into its family's memory files on tmpfs.
@@ -62,6 +64,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 		Prefix:             s.ID,
 		Rebase:             rebase,
 		AllowAllocators:    o.Force,
+		HugePages:          o.HugePages,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("memfile %s: %w", s.ID, err)

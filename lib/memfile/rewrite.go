@@ -332,7 +332,7 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 			return fmt.Errorf("write memory file %s: %w", mf.name, err)
 		}
 	}
-	if mf.size == AnonFileSize {
+	if r.opts.HugePages && mf.size == AnonFileSize {
 		mf.hugePages = collapseDense(fd, mf.at, int64(mf.v.e.GetEnd()-mf.v.e.GetStart()))
 	}
 	var st unix.Stat_t
