@@ -221,8 +221,11 @@ class Container:
         self._info = self.client.request("GET", self._path())
         return self._info
 
-    def fork(self, n=1, names=None, force=False, share=False, hook_force=False, hook_timeout=None):
-        """Make ``n`` running copies; returns :class:`Forks` (a list of handles)."""
+    def fork(self, n=1, names=None, force=False, share=False, hook_force=False, hook_timeout=None, huge_pages=False):
+        """Make ``n`` running copies; returns :class:`Forks` (a list of handles).
+
+        ``huge_pages`` puts the heap's memory files in 2 MiB pages: each working fork
+        costs ~0.4 MB less (256 MiB heap), the snapshot takes longer."""
         body = {"n": n}
         if names:
             body["names"] = list(names)
@@ -230,6 +233,8 @@ class Container:
             body["force"] = True
         if share:
             body["share"] = True
+        if huge_pages:
+            body["huge_pages"] = True
         if hook_force:
             body["hook_force"] = True
         if hook_timeout is not None:
