@@ -486,22 +486,32 @@ func TestRestoreFailureReapsRoot(t *testing.T) {
 	}
 
 	// A restore that criu rolls back after creating the root (our child) leaves no zombie.
+	refuseEachScript(t, RestoreOptions{ImagesDir: img}, nil)
+}
+
+// refuseEachScript restores o with the setup-namespaces, then the post-restore
+// notification refused: each must fail with that cause and leave no child of ours (no
+// zombie either); after runs after each for further checks.
+func refuseEachScript(t *testing.T, o RestoreOptions, after func(script string)) {
+	t.Helper()
 	for _, script := range []string{"setup-namespaces", "post-restore"} {
 		before := ourChildren(t)
-		_, err = Restore(context.Background(), RestoreOptions{
-			ImagesDir: img, WorkDir: t.TempDir(),
-			Notify: func(s string, _ int) error {
-				if s == script {
-					return errors.New("refused")
-				}
-				return nil
-			},
-		})
+		o.WorkDir = t.TempDir()
+		o.Notify = func(s string, _ int) error {
+			if s == script {
+				return errors.New("refused")
+			}
+			return nil
+		}
+		_, err := Restore(context.Background(), o)
 		if err == nil || !strings.Contains(err.Error(), "notify "+script+": refused") {
 			t.Fatalf("err = %v", err)
 		}
-		if after := ourChildren(t); !slices.Equal(before, after) {
-			t.Errorf("%s: children before failed restore %v, after %v", script, before, after)
+		if now := ourChildren(t); !slices.Equal(before, now) {
+			t.Errorf("%s: children before failed restore %v, after %v", script, before, now)
+		}
+		if after != nil {
+			after(script)
 		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -148,27 +147,11 @@ func TestServiceFailureLeavesNothing(t *testing.T) {
 		"restored root %d still exists", root)
 	testEventually(t, func() bool { return len(serviceWorkers(t, s)) == 0 }, "workers left: %v", serviceWorkers(t, s))
 
-	for _, script := range []string{"setup-namespaces", "post-restore"} {
-		before := ourChildren(t)
-		_, err = Restore(context.Background(), RestoreOptions{
-			ImagesDir: img, WorkDir: t.TempDir(), Service: s,
-			Notify: func(sc string, _ int) error {
-				if sc == script {
-					return errors.New("refused")
-				}
-				return nil
-			},
-		})
-		if err == nil || !strings.Contains(err.Error(), "notify "+script+": refused") {
-			t.Fatalf("err = %v", err)
-		}
-		if after := ourChildren(t); !slices.Equal(before, after) {
-			t.Errorf("%s: children before failed restore %v, after %v", script, before, after)
-		}
+	refuseEachScript(t, RestoreOptions{ImagesDir: img, Service: s}, func(script string) {
 		if w := serviceWorkers(t, s); len(w) != 0 {
 			t.Errorf("%s: workers left: %v", script, w)
 		}
-	}
+	})
 	if !s.Alive() {
 		t.Fatal("service died")
 	}
