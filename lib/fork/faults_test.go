@@ -15,6 +15,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -160,12 +161,7 @@ func TestMemfileBadImages(t *testing.T) {
 // A real dump whose pages image is cut short: lf-memfile must refuse it cleanly.
 func TestMemfileTruncatedImage(t *testing.T) {
 	rt := testutil.NewRuntime(t)
-	src := create(t, rt, "trunc", "python3", "-c", counterPy)
-	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 1 })
-	s, err := fork.Dump(ctx, rt, src, fork.DumpOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, s := countingSnapshot(t, rt, "trunc", false)
 	pages, _ := filepath.Glob(filepath.Join(s.ImagesDir, "pages-*.img"))
 	if len(pages) == 0 {
 		t.Fatal("no pages image")
@@ -174,7 +170,7 @@ func TestMemfileTruncatedImage(t *testing.T) {
 	if err := os.Truncate(pages[0], fi.Size()/2); err != nil {
 		t.Fatal(err)
 	}
-	_, err = fork.Memfile(ctx, s, fork.MemfileOptions{})
+	_, err := fork.Memfile(ctx, s, fork.MemfileOptions{})
 	if err == nil || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("memfile of a truncated image: %v", err)
 	}
@@ -186,20 +182,12 @@ func TestMemfileTruncatedImage(t *testing.T) {
 
 func TestRestoreWithMemfilesGone(t *testing.T) {
 	rt := testutil.NewRuntime(t)
-	src := create(t, rt, "gone", "python3", "-c", counterPy)
-	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 1 })
-	s, err := fork.Dump(ctx, rt, src, fork.DumpOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s, err = fork.Memfile(ctx, s, fork.MemfileOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	src, s := countingSnapshot(t, rt, "gone", true)
 	if err := fsutil.RemoveAll(s.FamilyDir); err != nil {
 		t.Fatal(err)
 	}
 	before := leftovers(t, rt.Tree)
-	_, err = fork.Restore(ctx, rt, s, fork.RestoreOptions{N: 3})
+	_, err := fork.Restore(ctx, rt, s, fork.RestoreOptions{N: 3})
 	if err == nil || !strings.Contains(err.Error(), "memory files") || !strings.Contains(err.Error(), "lf-dump") {
 		t.Fatalf("restore with memfiles gone: %v", err)
 	}
@@ -236,18 +224,10 @@ func TestRestoreWithMemfilesGone(t *testing.T) {
 // the whole batch is undone.
 func TestCriuFailsMidBatch(t *testing.T) {
 	rt := testutil.NewRuntime(t)
-	src := create(t, rt, "mid", "python3", "-c", counterPy)
-	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 1 })
-	s, err := fork.Dump(ctx, rt, src, fork.DumpOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s, err = fork.Memfile(ctx, s, fork.MemfileOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	src, s := countingSnapshot(t, rt, "mid", true)
 	before := leftovers(t, rt.Tree)
 	done := 0
-	_, err = fork.Restore(ctx, rt, s, fork.RestoreOptions{N: 6, Parallel: 1, OnFork: func(stage.Fork) {
+	_, err := fork.Restore(ctx, rt, s, fork.RestoreOptions{N: 6, Parallel: 1, OnFork: func(stage.Fork) {
 		if done++; done == 2 {
 			files, _ := filepath.Glob(filepath.Join(s.FamilyDir, "*.mem"))
 			for _, f := range files {
@@ -330,4 +310,22 @@ func TestTmpfsFull(t *testing.T) {
 		t.Errorf("%d blocks still used on the full tmpfs", st.Blocks-st.Bfree)
 	}
 	requireUntouched(t, rt, src)
+}
+
+// countingSnapshot starts a counter container and dumps it once it counts; with memfile,
+// the snapshot's memory is moved into memory files too.
+func countingSnapshot(t *testing.T, rt *runtime.Runtime, name string, memfile bool) (*tree.Container, *stage.Snapshot) {
+	t.Helper()
+	src := create(t, rt, name, "python3", "-c", counterPy)
+	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 1 })
+	s, err := fork.Dump(ctx, rt, src, fork.DumpOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if memfile {
+		if s, err = fork.Memfile(ctx, s, fork.MemfileOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return src, s
 }
