@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"github.com/checkpoint-restore/go-criu/v8/rpc"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"golang.org/x/sys/unix"
@@ -197,7 +197,7 @@ func Version(ctx context.Context) (major, minor, patch int, err error) {
 func Check(ctx context.Context) error {
 	ctx, cancel := withDeadline(ctx, 0)
 	defer cancel()
-	bin, err := exec.LookPath("criu")
+	bin, err := binaryPath()
 	if err != nil {
 		return &Error{Op: "check", Err: err}
 	}

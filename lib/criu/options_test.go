@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"github.com/checkpoint-restore/go-criu/v8/rpc"
 )
 
 func TestDumpOptsTranslation(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"github.com/checkpoint-restore/go-criu/v8/rpc"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
@@ -54,7 +54,7 @@ const serviceDirPrefix = "service-"
 // root, "unprivileged" changes nothing else a restore does (it skips the time namespace,
 // which LazyFork trees do not have; the rest are fallbacks for missing capabilities).
 func StartService(ctx context.Context, kdatDir string) (*Service, error) {
-	bin, err := exec.LookPath("criu")
+	bin, err := binaryPath()
 	if err != nil {
 		return nil, fmt.Errorf("criu service: find criu: %w", err)
 	}
@@ -299,7 +299,7 @@ func hello(c *net.UnixConn) (int, error) {
 	pid := credPid(oob[:oobn])
 	closeRights(oob[:oobn])
 	resp := &rpc.CriuResp{}
-	if n == 0 || proto.Unmarshal(buf[:n], resp) != nil || resp.GetType() != rpc.CriuReqType_VERSION || !resp.GetSuccess() {
+	if n == 0 || resp.UnmarshalVT(buf[:n]) != nil || resp.GetType() != rpc.CriuReqType_VERSION || !resp.GetSuccess() {
 		return 0, errors.New("criu service worker did not answer its version request")
 	}
 	if pid <= 0 {

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/stats"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/stats"
 	"google.golang.org/protobuf/proto"
 )
 

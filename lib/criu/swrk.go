@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"github.com/checkpoint-restore/go-criu/v8/rpc"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
@@ -59,7 +59,7 @@ func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []str
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	bin, err := exec.LookPath("criu")
+	bin, err := binaryPath()
 	if err != nil {
 		return res, fmt.Errorf("find criu: %w", err)
 	}
@@ -155,7 +155,7 @@ func converse(conn *net.UnixConn, req *rpc.CriuReq, notify NotifyFunc) (*rpc.Cri
 			return nil, rootPid, fmt.Errorf("criu message larger than %d bytes", len(buf))
 		}
 		resp := &rpc.CriuResp{}
-		if err := proto.Unmarshal(buf[:n], resp); err != nil {
+		if err := resp.UnmarshalVT(buf[:n]); err != nil {
 			return nil, rootPid, fmt.Errorf("decode criu message: %w", err)
 		}
 		if resp.GetType() != rpc.CriuReqType_NOTIFY {
@@ -188,7 +188,7 @@ func converse(conn *net.UnixConn, req *rpc.CriuReq, notify NotifyFunc) (*rpc.Cri
 }
 
 func send(conn *net.UnixConn, req *rpc.CriuReq) error {
-	data, err := proto.Marshal(req)
+	data, err := req.MarshalVT()
 	if err != nil {
 		return fmt.Errorf("encode criu request: %w", err)
 	}

@@ -9,8 +9,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit"
-	"github.com/checkpoint-restore/go-criu/v7/magic"
+	"github.com/checkpoint-restore/go-criu/v8/crit"
+	"github.com/checkpoint-restore/go-criu/v8/magic"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
@@ -20,6 +20,9 @@ var ErrNotImage = errors.New("not a CRIU image directory")
 
 // ErrTruncated is returned for an image file that ends inside an entry or lacks data.
 var ErrTruncated = errors.New("image file is truncated")
+
+// ErrUnaccounted: the pagemap does not account for every page in the pages image.
+var ErrUnaccounted = errors.New("pagemap does not account for the image's pages")
 
 // checkImageDir fails with a message that tells the user what to pass instead.
 func checkImageDir(dir string) error {

@@ -21,21 +21,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/inventory"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
-	remap "github.com/checkpoint-restore/go-criu/v7/crit/images/remap-file-path"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
+	"github.com/checkpoint-restore/go-criu/v8/crit"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/inventory"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/mm"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/pagemap"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/pstree"
+	remap "github.com/checkpoint-restore/go-criu/v8/crit/images/remap-file-path"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 )
 
 // DefaultMountPath is where a container sees its family directory.
@@ -336,7 +338,7 @@ func (t *task) split(dir string) error {
 	for _, ent := range t.pmImg.Entries[1:] {
 		pe := ent.Message.(*pagemap.PagemapEntry)
 		has := present(pe)
-		addr, n := pe.GetVaddr(), int64(pe.GetNrPages())
+		addr, n := pe.GetVaddr(), int64(pagesIn(pe))
 		if addr%uint64(pageSize) != 0 {
 			return fmt.Errorf("read image %s: page address %#x is not page aligned", t.pmName, addr)
 		}
@@ -383,7 +385,31 @@ func (t *task) split(dir string) error {
 	if st.Size() < off {
 		return fmt.Errorf("read image %s: %w: %d bytes, %s needs %d", name, ErrTruncated, st.Size(), t.pmName, off)
 	}
+	// Pages the pagemap does not account for would stay in the image: every fork would
+	// restore them as a private copy. Refuse rather than produce full copies (this is how
+	// a pagemap field layout the rewrite does not know shows up).
+	if st.Size() > off {
+		return fmt.Errorf("read image %s: %w: it holds %d pages but %s accounts for %d; was it written by a CRIU this lf-memfile does not know? (criu >= 4.1 with go-criu v8 image types are supported)", name, ErrUnaccounted, st.Size()/pageSize, t.pmName, off/pageSize)
+	}
 	return nil
+}
+
+// pagesIn is a pagemap entry's page count. CRIU 4.2 writes it as the 64-bit field 5
+// (nr_pages) and leaves field 2 (compat_nr_pages) at 0; CRIU 4.1 writes only field 2.
+func pagesIn(pe *pagemap.PagemapEntry) uint64 {
+	if pe.NrPages != nil {
+		return pe.GetNrPages()
+	}
+	return uint64(pe.GetCompatNrPages())
+}
+
+// newPagemapEntry writes the page count in both fields, so CRIU 4.1 (field 2, required)
+// and CRIU 4.2 (field 5 when present) read the same number.
+func newPagemapEntry(vaddr uint64, n int64) (*pagemap.PagemapEntry, error) {
+	if n <= 0 || n > math.MaxUint32 {
+		return nil, fmt.Errorf("pagemap entry at %#x: %d pages does not fit CRIU 4.1's 32-bit count", vaddr, n)
+	}
+	return &pagemap.PagemapEntry{Vaddr: proto.Uint64(vaddr), CompatNrPages: proto.Uint32(uint32(n)), NrPages: proto.Uint64(uint64(n))}, nil
 }
 
 // present follows CRIU: images without flags mark parent pages with in_parent.

@@ -12,11 +12,10 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/regfile"
+	"github.com/checkpoint-restore/go-criu/v8/crit"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/fown"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/regfile"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
@@ -404,7 +403,10 @@ func (r *rewriter) writeImages(ctx context.Context, undo *cleanup) error {
 			if p.vma >= 0 && t.vmas[p.vma].out != nil {
 				continue
 			}
-			pe := &pagemap.PagemapEntry{Vaddr: proto.Uint64(p.vaddr), NrPages: proto.Uint32(uint32(p.n))}
+			pe, err := newPagemapEntry(p.vaddr, p.n)
+			if err != nil {
+				return fmt.Errorf("rewrite %s: %w", t.pmName, err)
+			}
 			pe.InParent = p.entry.InParent
 			pe.Flags = p.entry.Flags
 			pm.Entries = append(pm.Entries, &crit.CriuEntry{Message: pe})

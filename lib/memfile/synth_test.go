@@ -10,15 +10,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/inventory"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/regfile"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
+	"github.com/checkpoint-restore/go-criu/v8/crit"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/fown"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/inventory"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/mm"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/pagemap"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/pstree"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/regfile"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
@@ -50,7 +50,7 @@ func vmaE(startPage, endPage uint64, status, flags uint32, shmid, pgoff uint64) 
 }
 
 func pmE(startPage uint64, n uint32) *pagemap.PagemapEntry {
-	return &pagemap.PagemapEntry{Vaddr: proto.Uint64(base + startPage*ps), NrPages: proto.Uint32(n), Flags: proto.Uint32(pePresent | 2)}
+	return &pagemap.PagemapEntry{Vaddr: proto.Uint64(base + startPage*ps), CompatNrPages: proto.Uint32(n), Flags: proto.Uint32(pePresent | 2)}
 }
 
 func regE(id uint32, name string, size uint64) *crit.CriuEntry {
@@ -439,5 +439,66 @@ func TestTailOf(t *testing.T) {
 		if got := tailOf(in); got != want {
 			t.Errorf("tailOf(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// CRIU 4.2 writes the page count in field 5 (nr_pages) and leaves field 2 at 0: the rewrite
+// must read field 5, and write both so that CRIU 4.1 and 4.2 read the same count.
+func TestRewriteReadsCRIU42PageCounts(t *testing.T) {
+	for _, layout := range []string{"criu-4.1", "criu-4.2"} {
+		t.Run(layout, func(t *testing.T) {
+			img, family := t.TempDir(), shmDir(t)
+			entry := func(startPage uint64, n uint32) *pagemap.PagemapEntry {
+				e := pmE(startPage, n)
+				if layout == "criu-4.2" {
+					e.CompatNrPages, e.NrPages = proto.Uint32(0), proto.Uint64(uint64(n))
+				}
+				return e
+			}
+			tk := synthTask{pid: 1, vmas: []*vma.VmaEntry{
+				vmaE(0, 4, statusAnon, anonPrivateFlag, 0, 0),
+				vmaE(8, 9, statusAnon|1<<12, anonPrivateFlag, 0, 0), // vvar-like: kept in the image
+			}, pm: []*pagemap.PagemapEntry{entry(0, 3), entry(8, 1)}}
+			for _, b := range []byte{'a', 'b', 'c', 'v'} {
+				tk.pages = append(tk.pages, page(b)...)
+			}
+			writeSynth(t, img, nil, tk)
+			res, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, Prefix: "p"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.VMAsConverted != 1 || res.PagesMoved != 3 || res.PagesKept != 1 {
+				t.Fatalf("result %+v: the anonymous VMA's 3 pages must move to a memory file", res)
+			}
+			if got := readPage(t, filepath.Join(family, res.Files[0].Name), 2); !bytes.Equal(got, page('c')) {
+				t.Errorf("memory file page 2 = %q...", got[:4])
+			}
+			pm := loadPM(t, img, 1)
+			if len(pm) != 1 || pm[0].GetCompatNrPages() != 1 || pm[0].GetNrPages() != 1 || pm[0].GetVaddr() != base+8*ps {
+				t.Errorf("kept pagemap %v: want one entry of 1 page in both count fields", pm)
+			}
+		})
+	}
+}
+
+// Pages the pagemap does not account for (a layout the rewrite does not know reads as 0
+// pages) must stop the rewrite, not turn every fork into a full copy.
+func TestRewriteRefusesUnaccountedPages(t *testing.T) {
+	img, family := t.TempDir(), shmDir(t)
+	e := pmE(0, 2)
+	e.CompatNrPages = proto.Uint32(0) // a count in a field this reader does not look at
+	tk := synthTask{pid: 1, vmas: []*vma.VmaEntry{vmaE(0, 4, statusAnon, anonPrivateFlag, 0, 0)},
+		pm: []*pagemap.PagemapEntry{e}, pages: append(page('a'), page('b')...)}
+	writeSynth(t, img, nil, tk)
+	before := listDir(t, img)
+	_, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, Prefix: "p"})
+	if !errors.Is(err, ErrUnaccounted) || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("err = %v, want one line wrapping ErrUnaccounted", err)
+	}
+	if after := listDir(t, img); strings.Join(after, ",") != strings.Join(before, ",") {
+		t.Errorf("image dir changed: %v -> %v", before, after)
+	}
+	if left := listDir(t, family); len(left) != 0 {
+		t.Errorf("family dir holds %v after a refused rewrite", left)
 	}
 }
