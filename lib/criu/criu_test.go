@@ -32,8 +32,8 @@ func requirePriv(t *testing.T) {
 	if os.Geteuid() != 0 {
 		miss("needs root")
 	}
-	if _, err := exec.LookPath("criu"); err != nil {
-		miss("criu not installed (scripts/setup.sh)")
+	if _, err := FindBinary(); err != nil {
+		miss(err.Error())
 	}
 	if _, err := os.Stat("/usr/bin/python3"); err != nil {
 		miss("/usr/bin/python3 not installed")

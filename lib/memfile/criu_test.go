@@ -1,6 +1,8 @@
 package memfile
 
 import (
+	lfcriu "github.com/lazyfork/lazyfork/lib/criu"
+
 	"bufio"
 	"bytes"
 	"context"
@@ -27,8 +29,8 @@ func requirePriv(t *testing.T) {
 	why := ""
 	if os.Geteuid() != 0 {
 		why = "needs root"
-	} else if _, err := exec.LookPath("criu"); err != nil {
-		why = "needs criu (run scripts/setup.sh)"
+	} else if _, err := lfcriu.FindBinary(); err != nil {
+		why = err.Error()
 	} else if _, err := exec.LookPath("python3"); err != nil {
 		why = "needs python3"
 	}
@@ -192,7 +194,11 @@ func (l *lab) ask(pid int, sig syscall.Signal) status {
 }
 
 func criu(args ...string) ([]byte, error) {
-	cmd := exec.Command("timeout", append([]string{"-k", "5", "60", "criu"}, args...)...)
+	bin, err := lfcriu.FindBinary()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("timeout", append([]string{"-k", "5", "60", bin.Path}, args...)...)
 	cmd.Env = append(os.Environ(), "CRIU_FAULT=130")
 	return cmd.CombinedOutput()
 }
