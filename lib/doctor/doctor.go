@@ -7,14 +7,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"regexp"
-	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 )
 
@@ -29,7 +27,7 @@ type Check struct {
 // Run performs every check. runDir is the tmpfs state directory.
 func Run(ctx context.Context, runDir string) []Check {
 	return []Check{
-		root(), criuVersion(ctx), criuCheck(ctx), overlayfs(), namespaces(), cgroups(),
+		root(), criuVersion(ctx), criuCheck(ctx), criuSockets(ctx, runDir), overlayfs(), namespaces(), cgroups(),
 		tmpfs(runDir), userfaultfd(), tool("nsenter", "apt-get install util-linux"),
 		tool("debootstrap", "apt-get install debootstrap (builds the offline default image)"),
 	}
@@ -43,57 +41,63 @@ func root() Check {
 	return c
 }
 
-var versionRe = regexp.MustCompile(`Version:\s*(\d+)\.(\d+)(?:\.(\d+))?`)
+const criuFix = "run `make setup` (installs a CRIU new enough for this kernel), or set LAZYFORK_CRIU to one"
 
-// CriuVersion returns the installed criu's version as major, minor, patch.
-func CriuVersion(ctx context.Context) (int, int, int, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "criu", "--version").Output()
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("criu --version: %w", err)
+// criuNeeded is the oldest CRIU that works on this kernel: from Linux 6.16 the kernel
+// refuses SO_PASSCRED on inet sockets and CRIU 4.1 then cannot dump any (fixed in 4.2).
+func criuNeeded() (major, minor int) {
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		var kmaj, kmin int
+		if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &kmaj, &kmin); err == nil && (kmaj > 6 || kmaj == 6 && kmin >= 16) {
+			return 4, 2
+		}
 	}
-	m := versionRe.FindStringSubmatch(string(out))
-	if m == nil {
-		return 0, 0, 0, fmt.Errorf("criu --version: unexpected output %q", out)
-	}
-	maj, _ := strconv.Atoi(m[1])
-	min, _ := strconv.Atoi(m[2])
-	pat, _ := strconv.Atoi(m[3])
-	return maj, min, pat, nil
+	return 4, 1
 }
 
-const criuFix = "run `make setup` (installs CRIU >= 4.1; on Debian bookworm from the trixie suite)"
-
 func criuVersion(ctx context.Context) Check {
-	maj, min, pat, err := CriuVersion(ctx)
+	bin, err := criu.FindBinary()
 	if err != nil {
-		return Check{Name: "criu", Detail: "not found", Fix: criuFix}
+		return Check{Name: "criu", Detail: err.Error(), Fix: criuFix}
 	}
-	v := fmt.Sprintf("%d.%d.%d", maj, min, pat)
-	if maj < 4 || (maj == 4 && min < 1) {
-		return Check{Name: "criu", Detail: v + " is older than 4.1", Fix: criuFix}
+	maj, min, pat, err := criu.Version(ctx)
+	if err != nil {
+		return Check{Name: "criu", Detail: fmt.Sprintf("%s (%s): %v", bin.Path, bin.Source, err), Fix: criuFix}
+	}
+	v := fmt.Sprintf("%d.%d.%d at %s (%s)", maj, min, pat, bin.Path, bin.Source)
+	nmaj, nmin := criuNeeded()
+	if maj < nmaj || (maj == nmaj && min < nmin) {
+		return Check{Name: "criu", Detail: fmt.Sprintf("%s is older than %d.%d, which this kernel needs", v, nmaj, nmin), Fix: criuFix}
 	}
 	return Check{Name: "criu", OK: true, Detail: v}
 }
 
 func criuCheck(ctx context.Context) Check {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "criu", "check")
-	// Without it criu hangs on hosts where hardware breakpoints do not work (VMs).
-	cmd.Env = append(os.Environ(), "CRIU_FAULT=130")
-	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.CombinedOutput()
-	text := strings.TrimSpace(string(out))
-	if err != nil {
-		last := text
-		if i := strings.LastIndexByte(text, '\n'); i >= 0 {
-			last = text[i+1:]
-		}
-		return Check{Name: "criu check", Detail: last, Fix: "see `criu check` output; a kernel with CONFIG_CHECKPOINT_RESTORE is needed"}
+	if err := criu.Check(ctx); err != nil {
+		return Check{Name: "criu check", Detail: firstLine(err.Error()), Fix: "see `criu check`; a kernel with CONFIG_CHECKPOINT_RESTORE is needed"}
 	}
-	return Check{Name: "criu check", OK: true, Detail: text + " (run with CRIU_FAULT=130 and deadlines, so it cannot hang where hardware breakpoints fail)"}
+	return Check{Name: "criu check", OK: true, Detail: "looks good (run with CRIU_FAULT=130 and deadlines, so it cannot hang where hardware breakpoints fail)"}
+}
+
+// criuSockets dumps a process holding TCP and UDP sockets: without that, no program that
+// opened a socket can be forked.
+func criuSockets(ctx context.Context, runDir string) Check {
+	scratch := os.TempDir()
+	if fi, err := os.Stat(runDir); err == nil && fi.IsDir() {
+		scratch = runDir
+	}
+	if err := criu.ProbeSocketDump(ctx, scratch); err != nil {
+		return Check{Name: "criu sockets", Detail: firstLine(err.Error()), Fix: criuFix + " (CRIU >= 4.2 on kernels >= 6.16)"}
+	}
+	return Check{Name: "criu sockets", OK: true, Detail: "dumped a process holding TCP and UDP sockets"}
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }
 
 func overlayfs() Check {
