@@ -127,7 +127,8 @@ func (s *Store) copyDir(src, dst string) error {
 	defer t.discard()
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeTree(src, pw)) }()
-	_, err = unpackLayer(pr, t.path)
+	// The administrator's own directory: its device nodes are kept, as a rename would.
+	_, err = unpackLayer(pr, t.path, unpackOptions{KeepDevices: true})
 	pr.CloseWithError(errors.New("unpack stopped")) // unblocks the writer on error
 	if err != nil {
 		return err

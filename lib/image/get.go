@@ -38,6 +38,9 @@ func (s *Store) Get(ctx context.Context, ref string, opts GetOptions) (*Image, e
 	if err == nil || !errors.Is(err, ErrNotFound) {
 		return img, err
 	}
+	if _, _, err := s.maxBytes(); err != nil {
+		return nil, fmt.Errorf("get image %s: %w", ref, err)
+	}
 	if canonical(ref) == DefaultName {
 		return s.BuildDefault(ctx, opts.Progress)
 	}
@@ -139,7 +142,7 @@ func (s *Store) importLocal(ctx context.Context, loc *local, opts GetOptions) (*
 	prog.printf("import %s from %s\n", meta.Name, abs)
 	img, err := s.unpackImage(ctx, src, meta, prog)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, ErrRefused) {
 			return nil, fmt.Errorf("import image archive %s: %w", abs, err)
 		}
 		return nil, hint(err)
@@ -188,6 +191,9 @@ func (s *Store) pull(ctx context.Context, ref string, opts GetOptions) (*Image, 
 	}
 	img, err := s.unpackImage(ctx, src, Image{Name: key, Digest: dg.String(), Source: SourceRegistry}, prog)
 	if err != nil {
+		if errors.Is(err, ErrRefused) {
+			return nil, fmt.Errorf("pull %s: %w", key, err)
+		}
 		return nil, fmt.Errorf("pull %s: %s", key, oneLine(err))
 	}
 	return img, nil
@@ -238,11 +244,20 @@ func (s *Store) unpackImage(ctx context.Context, src v1.Image, meta Image, prog 
 		sl.unlock()
 	}()
 
+	limit, source, err := s.maxBytes()
+	if err != nil {
+		return nil, err
+	}
+	lim := &sizeLimit{limit: limit, source: source}
 	out := meta
 	out.Layers = nil
 	for i, l := range layers {
-		dir, fresh, size, err := s.layer(ctx, l, i, len(layers), prog, meta.Source == SourceRegistry)
+		dir, fresh, size, err := s.layer(ctx, l, i, len(layers), prog, meta.Source == SourceRegistry, lim)
 		if err != nil {
+			var sl *SizeLimitError
+			if errors.As(err, &sl) {
+				return nil, err
+			}
 			return nil, fmt.Errorf("layer %d/%d: %w", i+1, len(layers), err)
 		}
 		if fresh {
@@ -280,8 +295,31 @@ func (s *Store) layerPath(l v1.Layer) (string, error) {
 	return filepath.Join(s.layersDir(), d.Hex), nil
 }
 
+// sizeLimit is what is left of an image's unpacked-size bound while its layers unpack.
+type sizeLimit struct {
+	limit  int64 // < 0: none
+	source string
+	used   int64
+}
+
+// budget is what the next layer may charge (0: no bound).
+func (l *sizeLimit) budget() int64 {
+	if l.limit < 0 {
+		return 0
+	}
+	return max(1, l.limit-l.used)
+}
+
+func (l *sizeLimit) add(n int64) error {
+	l.used += n
+	if l.limit >= 0 && l.used > l.limit {
+		return &SizeLimitError{Limit: l.limit, Source: l.source}
+	}
+	return nil
+}
+
 // layer makes sure one layer is unpacked; fresh reports whether this call did it.
-func (s *Store) layer(ctx context.Context, l v1.Layer, i, n int, prog *progress, remote bool) (dir string, fresh bool, size int64, err error) {
+func (s *Store) layer(ctx context.Context, l v1.Layer, i, n int, prog *progress, remote bool, lim *sizeLimit) (dir string, fresh bool, size int64, err error) {
 	dir, err = s.layerPath(l)
 	if err != nil {
 		return "", false, 0, err
@@ -290,6 +328,9 @@ func (s *Store) layer(ctx context.Context, l v1.Layer, i, n int, prog *progress,
 	if _, err := os.Stat(dir); err == nil {
 		prog.printf("  layer %d/%d %s: already present\n", i+1, n, shortDigest(d))
 		size, err := treeSize(dir)
+		if err == nil {
+			err = lim.add(size)
+		}
 		return dir, false, size, err
 	}
 	var total int64
@@ -309,7 +350,11 @@ func (s *Store) layer(ctx context.Context, l v1.Layer, i, n int, prog *progress,
 	}
 	h := sha256.New()
 	lr := &layerReader{ctx: ctx, r: io.TeeReader(rc, h), tick: prog.tick}
-	size, err = unpackLayer(lr, t.path)
+	res, err := unpackLayer(lr, t.path, unpackOptions{Budget: lim.budget(), Limit: lim.limit, LimitSource: lim.source})
+	size = res.Size
+	if err == nil {
+		err = lim.add(res.Charged)
+	}
 	if err == nil {
 		// Read the tar's padding and the compressed stream's end, so the hash is
 		// complete and the registry layer's digest check (at EOF) runs.
@@ -319,6 +364,10 @@ func (s *Store) layer(ctx context.Context, l v1.Layer, i, n int, prog *progress,
 		err = cerr
 	}
 	if err != nil {
+		var sl *SizeLimitError
+		if errors.As(err, &sl) {
+			return "", false, 0, err
+		}
 		return "", false, 0, fmt.Errorf("unpack layer %s: %w", shortDigest(d), err)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != filepath.Base(dir) {
@@ -326,6 +375,9 @@ func (s *Store) layer(ctx context.Context, l v1.Layer, i, n int, prog *progress,
 	}
 	if err := t.commit(dir); err != nil {
 		return "", false, 0, err
+	}
+	if len(res.Skipped) > 0 {
+		prog.printf("%s: skipped %d device node(s) (%s): containers get their own /dev\n", prog.prefix, len(res.Skipped), strings.Join(firstN(res.Skipped, 3), ", "))
 	}
 	prog.doneLayer(size)
 	return dir, true, size, nil
@@ -487,6 +539,14 @@ func shortDigest(d string) string {
 		return alg + ":" + h[:12]
 	}
 	return d
+}
+
+// firstN is at most n elements of l, with "..." appended when some were left off.
+func firstN(l []string, n int) []string {
+	if len(l) <= n {
+		return l
+	}
+	return append(l[:n:n], "...")
 }
 
 // listNames formats image names for an error that asks the user to pick one.

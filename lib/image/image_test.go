@@ -251,9 +251,9 @@ func checkTestImage(t *testing.T, img *Image) {
 	if st := lstat(t, filepath.Join(top, "data/fifo")); st.Mode&unix.S_IFMT != unix.S_IFIFO {
 		t.Errorf("data/fifo mode %o", st.Mode)
 	}
-	dev := lstat(t, filepath.Join(top, "dev/null2"))
-	if dev.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(dev.Rdev) != 1 || unix.Minor(dev.Rdev) != 3 || dev.Mode&0o777 != 0o666 {
-		t.Errorf("dev/null2 mode %o rdev %d:%d", dev.Mode, unix.Major(dev.Rdev), unix.Minor(dev.Rdev))
+	// Device nodes are skipped: a container gets its own /dev.
+	if _, err := os.Lstat(filepath.Join(top, "dev/null2")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("device node dev/null2 was unpacked: %v", err)
 	}
 	if got := strings.Join(img.Entrypoint, " ") + "|" + strings.Join(img.Cmd, " ") + "|" + img.WorkingDir + "|" + img.User; got != "/bin/sh|-c echo hi|/data|1234" {
 		t.Errorf("config = %s", got)
@@ -861,7 +861,7 @@ func TestUnpackEdgeCases(t *testing.T) {
 		{name: "y", body: "y"},
 		{name: ".wh.y"},
 	})
-	if _, err := unpackLayer(bytes.NewReader(b), dir); err != nil {
+	if _, err := unpackLayer(bytes.NewReader(b), dir, unpackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := readFile(t, filepath.Join(dir, "deep/er/file")); got != "1" {

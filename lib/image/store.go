@@ -50,7 +50,12 @@ const (
 var ErrNotFound = errors.New("not in the local image store")
 
 // Store is an image store rooted at Dir (normally paths.Images()).
-type Store struct{ Dir string }
+type Store struct {
+	Dir string
+	// MaxBytes bounds what one image may unpack to; 0 means $LAZYFORK_MAX_LAYER_BYTES
+	// or DefaultMaxBytes, a negative value no bound.
+	MaxBytes int64
+}
 
 // Image is the record of one stored image.
 type Image struct {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -21,12 +22,16 @@ const (
 
 // unpacker writes one layer tar into a directory as an overlayfs lower dir. Every path
 // is resolved with openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), so no entry can write
-// outside the directory, through ".." or through a symlink it planted earlier.
+// outside the directory, through ".." or through a symlink it planted earlier. Layers
+// are hostile input: whiteouts naming ".", ".." or nothing are refused, device nodes are
+// skipped (a container gets its own /dev) and the bytes written are bounded.
 type unpacker struct {
 	rootPath string
 	root     int // O_DIRECTORY fd of rootPath
 	buf      []byte
 	size     int64
+	opts     unpackOptions
+	skipped  []string  // device nodes left out
 	dirTimes []dirTime // set last: adding children changes a dir's mtime
 
 	cacheRel string // last parent dir opened, which tar order makes likely again
@@ -38,35 +43,78 @@ type dirTime struct {
 	atime, mtime time.Time
 }
 
-// unpackLayer extracts the tar stream r into dir (which exists and is empty) and
-// returns the bytes of regular file data written.
-func unpackLayer(r io.Reader, dir string) (int64, error) {
-	root, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+// unpackOptions tune unpackLayer.
+type unpackOptions struct {
+	// Budget is how many bytes the layer may add (file data plus entryCost per entry);
+	// <= 0 means no bound. Going over stops the unpack with an *SizeLimitError.
+	Budget int64
+	// Limit and LimitSource describe the bound for the error message.
+	Limit       int64
+	LimitSource string
+	// KeepDevices keeps character and block device nodes (a local directory the
+	// administrator imports); image layers never keep them.
+	KeepDevices bool
+}
+
+// unpackResult is what unpackLayer did.
+type unpackResult struct {
+	Size    int64    // bytes of regular file data written
+	Charged int64    // bytes charged against the budget (Size plus entryCost per entry)
+	Skipped []string // device nodes left out, as layer paths
+}
+
+// entryCost is charged per tar entry on top of file data, so a layer of millions of
+// empty files or directories counts against the size limit too (it is a tar header).
+const entryCost = 512
+
+// unpackLayer extracts the tar stream r into dir (which exists and is empty).
+func unpackLayer(r io.Reader, dir string, opts unpackOptions) (unpackResult, error) {
+	root, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0, fmt.Errorf("open %s: %w", dir, err)
+		return unpackResult{}, fmt.Errorf("open %s: %w", dir, err)
 	}
-	u := &unpacker{rootPath: dir, root: root, buf: make([]byte, 1<<20), cacheFd: -1}
+	u := &unpacker{rootPath: dir, root: root, buf: make([]byte, 1<<20), cacheFd: -1, opts: opts}
 	defer u.close()
 	tr := tar.NewReader(r)
+	var entries int64
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return 0, fmt.Errorf("read layer tar: %w", err)
+			return unpackResult{}, fmt.Errorf("read layer tar: %w", err)
 		}
-		if err := u.entry(tr, hdr); err != nil {
-			return 0, fmt.Errorf("tar entry %q: %w", hdr.Name, err)
+		entries++
+		if err := u.charge(0, entries); err != nil {
+			return unpackResult{}, err
+		}
+		if err := u.entry(tr, hdr, entries); err != nil {
+			var sl *SizeLimitError
+			if errors.As(err, &sl) {
+				return unpackResult{}, err // one line, about the limit, not the entry
+			}
+			return unpackResult{}, fmt.Errorf("tar entry %q: %w", hdr.Name, err)
 		}
 	}
 	for i := len(u.dirTimes) - 1; i >= 0; i-- {
 		d := u.dirTimes[i]
 		if err := u.setTimes(d.rel, d.atime, d.mtime); err != nil {
-			return 0, fmt.Errorf("set times of %q: %w", d.rel, err)
+			return unpackResult{}, fmt.Errorf("set times of %q: %w", d.rel, err)
 		}
 	}
-	return u.size, nil
+	return unpackResult{Size: u.size, Charged: u.size + entries*entryCost, Skipped: u.skipped}, nil
+}
+
+// charge fails once size bytes of data more plus entries entries would exceed the budget.
+func (u *unpacker) charge(size, entries int64) error {
+	if u.opts.Budget <= 0 {
+		return nil
+	}
+	if u.size+size+entries*entryCost > u.opts.Budget {
+		return &SizeLimitError{Limit: u.opts.Limit, Source: u.opts.LimitSource}
+	}
+	return nil
 }
 
 func (u *unpacker) close() {
@@ -86,7 +134,7 @@ func (u *unpacker) dropCache() {
 func cleanRel(n string) (string, error) {
 	for _, c := range strings.Split(n, "/") {
 		if c == ".." {
-			return "", errors.New("path contains \"..\"")
+			return "", refusef("path contains \"..\"")
 		}
 	}
 	return strings.TrimPrefix(path.Clean("/"+n), "/"), nil
@@ -121,7 +169,7 @@ func (u *unpacker) openDir(rel string, create bool) (int, error) {
 			}
 			create = false // retry the open once
 		case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
-			return -1, fmt.Errorf("%s goes through a symlink or out of the layer", rel)
+			return -1, refusef("%s goes through a symlink or out of the layer", rel)
 		default:
 			return -1, fmt.Errorf("open dir %s: %w", rel, err)
 		}
@@ -151,6 +199,9 @@ func (u *unpacker) clear(pfd int, rel, base string) error {
 		return nil
 	}
 	if errors.Is(err, unix.EISDIR) {
+		if rel == "" || base == "." || base == ".." || !filepath.IsLocal(rel) {
+			return refusef("refuse to remove %q: not an entry below the layer root", rel)
+		}
 		u.dropCache() // the cached dir may be the one going away
 		// Path-based removal is safe: rel's parents were just opened without symlinks
 		// and nothing else writes into a temp layer dir.
@@ -162,7 +213,7 @@ func (u *unpacker) clear(pfd int, rel, base string) error {
 	return fmt.Errorf("replace %s: %w", rel, err)
 }
 
-func (u *unpacker) entry(tr *tar.Reader, hdr *tar.Header) error {
+func (u *unpacker) entry(tr *tar.Reader, hdr *tar.Header, entries int64) error {
 	rel, err := cleanRel(hdr.Name)
 	if err != nil {
 		return err
@@ -237,7 +288,12 @@ func (u *unpacker) entry(tr *tar.Reader, hdr *tar.Header) error {
 		}
 		f := os.NewFile(uintptr(fd), rel)
 		defer f.Close()
-		n, err := io.CopyBuffer(struct{ io.Writer }{f}, tr, u.buf)
+		// The header's size is the file's (sparse files: its logical size), so a bomb
+		// is refused before a byte of it is written.
+		if err := u.charge(hdr.Size, entries); err != nil {
+			return err
+		}
+		n, err := io.CopyBuffer(struct{ io.Writer }{f}, io.LimitReader(tr, hdr.Size), u.buf)
 		if err != nil {
 			return fmt.Errorf("write: %w", err)
 		}
@@ -263,7 +319,7 @@ func (u *unpacker) entry(tr *tar.Reader, hdr *tar.Header) error {
 	case tar.TypeLink:
 		target, err := cleanRel(hdr.Linkname)
 		if err != nil || target == "" {
-			return fmt.Errorf("bad hardlink target %q", hdr.Linkname)
+			return refusef("bad hardlink target %q", hdr.Linkname)
 		}
 		pfd, base, err := u.replace(rel)
 		if err != nil {
@@ -272,15 +328,27 @@ func (u *unpacker) entry(tr *tar.Reader, hdr *tar.Header) error {
 		tdir, tbase := path.Split(target)
 		tfd, err := u.openDir(strings.TrimSuffix(tdir, "/"), false)
 		if err != nil {
-			return fmt.Errorf("hardlink target %q: %w", hdr.Linkname, err)
+			return refusef("hardlink target %q is not inside this layer: %v", hdr.Linkname, err)
 		}
 		defer unix.Close(tfd)
+		if tbase == "" || tbase == "." || tbase == ".." {
+			return refusef("bad hardlink target %q", hdr.Linkname)
+		}
 		if err := unix.Linkat(tfd, tbase, pfd, base, 0); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return refusef("hardlink target %q is not an earlier entry of this layer", hdr.Linkname)
+			}
 			return fmt.Errorf("hardlink to %q: %w", hdr.Linkname, err)
 		}
 		return nil
 
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		if hdr.Typeflag != tar.TypeFifo && !u.opts.KeepDevices {
+			// A device node in an image is a way to the host's hardware (a disk, kmem)
+			// for anyone who may open it; a container gets its own /dev.
+			u.skipped = append(u.skipped, rel)
+			return nil
+		}
 		pfd, base, err := u.replace(rel)
 		if err != nil {
 			return err
@@ -347,7 +415,13 @@ func (u *unpacker) whiteout(rel, base string) error {
 	if strings.HasPrefix(base, whiteoutMeta) {
 		return nil // other AUFS metadata (.wh..wh.plnk etc.) means nothing to overlayfs
 	}
-	target := path.Join(dir, strings.TrimPrefix(base, whiteoutPrefix))
+	name := strings.TrimPrefix(base, whiteoutPrefix)
+	if name == "" || name == "." || name == ".." {
+		// ".wh.." would delete the directory holding it, ".wh..." its parent: at the
+		// layer root, the whole layer store.
+		return refusef("whiteout %q names %q, not an entry of its directory; the layer is malformed or hostile", base, name)
+	}
+	target := path.Join(dir, name)
 	pfd, tbase, err := u.replace(target)
 	if err != nil {
 		return err
