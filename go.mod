@@ -6,8 +6,13 @@ require (
 	github.com/alecthomas/kong v1.17.0
 	github.com/checkpoint-restore/go-criu/v8 v8.3.0
 	github.com/containerd/cgroups/v3 v3.1.3
+	github.com/elastic/go-seccomp-bpf v1.6.0
 	github.com/google/go-containerregistry v0.22.1
 	github.com/google/renameio/v2 v2.0.2
+	github.com/moby/profiles/seccomp v0.3.0
+	github.com/moby/sys/capability v0.5.0
+	github.com/opencontainers/runtime-spec v1.3.0
+	golang.org/x/net v0.41.0
 	golang.org/x/sync v0.22.0
 	golang.org/x/sys v0.50.0
 	golang.org/x/term v0.48.0
@@ -27,7 +32,6 @@ require (
 	github.com/moby/sys/userns v0.1.0 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
-	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
 	golang.org/x/exp v0.0.0-20241108190413-2d47ceb2692f // indirect
 	gotest.tools/v3 v3.5.2 // indirect

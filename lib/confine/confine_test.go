@@ -1,0 +1,156 @@
+package confine_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/lazyfork/lazyfork/lib/confine"
+	"github.com/lazyfork/lazyfork/lib/testutil"
+)
+
+const childEnv = "LF_CONFINE_TEST_PROFILE"
+
+// TestMain doubles as the confined child: with childEnv set, it applies that profile and
+// execs its arguments, as the container set-up helper does.
+func TestMain(m *testing.M) {
+	if js := os.Getenv(childEnv); js != "" {
+		runtime.LockOSThread()
+		var p confine.Profile
+		if err := json.Unmarshal([]byte(js), &p); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(126)
+		}
+		if err := p.Apply(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(126)
+		}
+		args := os.Args[1:]
+		err := syscall.Exec(args[0], args, []string{"PATH=/usr/bin:/bin"})
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(127)
+	}
+	os.Exit(m.Run())
+}
+
+// runConfined runs a shell script under p in a child process and returns its output.
+func runConfined(t *testing.T, p confine.Profile, script string) (string, error) {
+	t.Helper()
+	js, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "/bin/sh", "-c", script)
+	cmd.Env = []string{childEnv + "=" + string(js)}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// status reads fields of /proc/self/status as the confined shell sees them.
+func status(t *testing.T, p confine.Profile) map[string]string {
+	t.Helper()
+	out, err := runConfined(t, p, "cat /proc/self/status")
+	if err != nil {
+		t.Fatalf("confined child: %v\n%s", err, out)
+	}
+	m := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok {
+			m[k] = strings.TrimSpace(v)
+		}
+	}
+	return m
+}
+
+// dockerCapMask is the bit mask of confine.DefaultCaps (what `docker run` shows as CapEff).
+const dockerCapMask = "00000000a80425fb"
+
+func TestPolicyCompiles(t *testing.T) {
+	pol, skipped, err := confine.DefaultPolicy(confine.DefaultCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := confine.DefaultFilter(confine.DefaultCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, g := range pol.Syscalls {
+		n += len(g.Names) + len(g.NamesWithCondtions)
+	}
+	t.Logf("%d rules, %d BPF instructions; skipped: %s", n, len(prog), confine.FormatSkipped(skipped))
+	if n < 300 || len(prog) > 4096 {
+		t.Fatalf("policy has %d rules and %d instructions: want Docker's ~370 rules within the kernel's 4096", n, len(prog))
+	}
+}
+
+func TestApplyDefault(t *testing.T) {
+	testutil.RequireRoot(t)
+	st := status(t, confine.Default())
+	for k, want := range map[string]string{
+		"CapEff": dockerCapMask, "CapPrm": dockerCapMask, "CapInh": dockerCapMask, "CapBnd": dockerCapMask,
+		"CapAmb": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2", "Uid": "0\t0\t0\t0",
+	} {
+		if st[k] != want {
+			t.Errorf("%s = %q, want %q", k, st[k], want)
+		}
+	}
+}
+
+func TestApplyUser(t *testing.T) {
+	testutil.RequireRoot(t)
+	p := confine.Default()
+	p.UID, p.GID, p.Groups = 1234, 2345, []uint32{3456}
+	st := status(t, p)
+	for k, want := range map[string]string{
+		"Uid": "1234\t1234\t1234\t1234", "Gid": "2345\t2345\t2345\t2345", "Groups": "3456",
+		"CapEff": "0000000000000000", "CapBnd": dockerCapMask,
+	} {
+		if st[k] != want {
+			t.Errorf("%s = %q, want %q", k, st[k], want)
+		}
+	}
+}
+
+func TestApplyPrivileged(t *testing.T) {
+	testutil.RequireRoot(t)
+	st := status(t, confine.Privileged())
+	if st["Seccomp"] != "0" || st["NoNewPrivs"] != "0" || st["CapEff"] == dockerCapMask {
+		t.Fatalf("privileged child: CapEff %s NoNewPrivs %s Seccomp %s, want all caps, 0, 0", st["CapEff"], st["NoNewPrivs"], st["Seccomp"])
+	}
+}
+
+// TestSeccompBlocks checks the filter refuses what Docker's profile refuses and keeps
+// ordinary work (fork, exec, threads through clone3's ENOSYS fallback) going.
+func TestSeccompBlocks(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, c := range []struct{ script, want string }{
+		{"unshare -U true 2>&1; echo rc=$?", "rc=1"},     // unshare needs CAP_SYS_ADMIN
+		{"unshare -m true 2>&1; echo rc=$?", "rc=1"},     // so does a mount namespace
+		{"mount -t tmpfs x /mnt 2>&1; echo rc=$?", "rc="}, // mount: not allowed
+		{"python3 -c 'import threading,subprocess; t=threading.Thread(target=print,args=(\"thread\",)); t.start(); t.join(); print(subprocess.run([\"echo\",\"child\"],capture_output=True,text=True).stdout.strip())'", "thread\nchild"},
+	} {
+		out, _ := runConfined(t, confine.Default(), c.script)
+		if !strings.Contains(out, c.want) || strings.Contains(c.script, "mount -t") && strings.Contains(out, "rc=0") {
+			t.Errorf("%s: got %q, want %q", c.script, out, c.want)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	p := confine.Default()
+	p.Caps = append(p.Caps, "CAP_NOPE")
+	if err := p.Validate(); err == nil || !strings.Contains(err.Error(), "CAP_NOPE") {
+		t.Fatalf("unknown capability: err = %v", err)
+	}
+	p = confine.Default()
+	p.Seccomp = "strict"
+	if err := p.Validate(); err == nil {
+		t.Fatal("unknown seccomp profile accepted")
+	}
+}
