@@ -130,8 +130,8 @@ func TestApplyPrivileged(t *testing.T) {
 func TestSeccompBlocks(t *testing.T) {
 	testutil.RequireRoot(t)
 	for _, c := range []struct{ script, want string }{
-		{"unshare -U true 2>&1; echo rc=$?", "rc=1"},     // unshare needs CAP_SYS_ADMIN
-		{"unshare -m true 2>&1; echo rc=$?", "rc=1"},     // so does a mount namespace
+		{"unshare -U true 2>&1; echo rc=$?", "rc=1"},      // unshare needs CAP_SYS_ADMIN
+		{"unshare -m true 2>&1; echo rc=$?", "rc=1"},      // so does a mount namespace
 		{"mount -t tmpfs x /mnt 2>&1; echo rc=$?", "rc="}, // mount: not allowed
 		{"python3 -c 'import threading,subprocess; t=threading.Thread(target=print,args=(\"thread\",)); t.start(); t.join(); print(subprocess.run([\"echo\",\"child\"],capture_output=True,text=True).stdout.strip())'", "thread\nchild"},
 	} {
