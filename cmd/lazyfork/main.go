@@ -13,6 +13,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/criu"
+	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 )
 
@@ -85,6 +86,9 @@ func (g *Globals) open() (*runtime.Runtime, error) {
 	os.Setenv("LAZYFORK_RUN", g.Run)
 	if os.Geteuid() != 0 {
 		return nil, errors.New("lazyfork must run as root (namespaces, mounts, cgroups, CRIU): try sudo")
+	}
+	if err := paths.Ensure(); err != nil {
+		return nil, err
 	}
 	rt, err := runtime.Open()
 	if err != nil {

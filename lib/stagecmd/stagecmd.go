@@ -9,12 +9,17 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/lazyfork/lazyfork/lib/paths"
 )
 
 // Run runs fn and exits the process with its outcome.
 func Run(name string, fn func(ctx context.Context) error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := fn(ctx)
+	err := paths.Ensure() // state roots 0700, root's, no symlinks: refuse anything else
+	if err == nil {
+		err = fn(ctx)
+	}
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
