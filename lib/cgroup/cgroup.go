@@ -71,7 +71,10 @@ func resolve(h host, v2 bool, name, parent string) (*Cgroup, error) {
 	if parent == "" {
 		parent = os.Getenv(ParentEnv)
 	}
-	keys := v1Controllers
+	keys := slices.Clone(v1Controllers)
+	if _, ok := h.mounts[v1Devices]; ok {
+		keys = append(keys, v1Devices)
+	}
 	if v2 {
 		keys = []string{unified}
 	}
@@ -221,6 +224,7 @@ func Load(p Paths) (*Cgroup, error) {
 	case slices.Equal(keys, []string{unified}):
 		c.V2 = true
 	case slices.Equal(keys, slices.Sorted(slices.Values(v1Controllers))):
+	case slices.Equal(keys, slices.Sorted(slices.Values(append([]string{v1Devices}, v1Controllers...)))):
 	default:
 		return nil, fmt.Errorf("load cgroup: want paths for %v or [%s], got %v", v1Controllers, unified, keys)
 	}
@@ -264,7 +268,7 @@ func (c *Cgroup) open() error {
 	}
 	// containerd places a v1 subsystem at <root>/<name>, so each mount must be named so.
 	var subs []cgroup1.Subsystem
-	for _, k := range v1Controllers {
+	for _, k := range c.keys() {
 		dir := c.mounts[k].dir
 		if filepath.Base(dir) != k {
 			return fmt.Errorf("open cgroup %s: v1 %s hierarchy mounted at %s, want a dir named %s", c.Name, k, dir, k)
@@ -278,6 +282,8 @@ func (c *Cgroup) open() error {
 			subs = append(subs, cgroup1.NewPids(root))
 		case "freezer":
 			subs = append(subs, cgroup1.NewFreezer(root))
+		case v1Devices:
+			subs = append(subs, cgroup1.NewDevices(root))
 		}
 	}
 	path := func(n cgroup1.Name) (string, error) {
@@ -294,11 +300,17 @@ func (c *Cgroup) open() error {
 	return nil
 }
 
+// keys are the hierarchies the group lives in: v1's required ones first, then devices
+// if the group has it.
 func (c *Cgroup) keys() []string {
 	if c.V2 {
 		return []string{unified}
 	}
-	return v1Controllers
+	keys := slices.Clone(v1Controllers)
+	if _, ok := c.Paths[v1Devices]; ok {
+		keys = append(keys, v1Devices)
+	}
+	return keys
 }
 
 // dir is the group's absolute directory in hierarchy k.
@@ -378,7 +390,7 @@ func (c *Cgroup) CriuRootArgs() []string {
 		return []string{":" + c.Paths[unified]}
 	}
 	var out []string
-	for _, k := range v1Controllers {
+	for _, k := range c.keys() {
 		out = append(out, k+":"+c.Paths[k])
 	}
 	return out
@@ -398,9 +410,14 @@ func (c *Cgroup) FreezerDir() string {
 // ProcsFiles lists the group's cgroup.procs file in every hierarchy: a process that
 // writes "0" to each joins the group (how criu is put in a fork's group before it
 // clones the fork's tasks, so their kernel allocations are charged to the fork).
+//
+// The devices hierarchy is left out: criu itself must not be bound by the allow-list.
 func (c *Cgroup) ProcsFiles() []string {
 	var out []string
 	for _, k := range c.keys() {
+		if k == v1Devices {
+			continue
+		}
 		if dir, err := c.dir(k); err == nil {
 			out = append(out, filepath.Join(dir, "cgroup.procs"))
 		}

@@ -12,8 +12,15 @@ import (
 	cgroups "github.com/containerd/cgroups/v3"
 )
 
-// v1Controllers are the only v1 hierarchies LazyFork creates groups in.
+// v1Controllers are the v1 hierarchies LazyFork needs and creates groups in.
 var v1Controllers = []string{"memory", "pids", "freezer"}
+
+// v1Devices is the v1 hierarchy of the device allow-list: used where mounted. Records
+// written before it was used have no "devices" path and keep working without one.
+const v1Devices = "devices"
+
+// isV1Key reports whether k is a v1 hierarchy LazyFork uses.
+func isV1Key(k string) bool { return k == v1Devices || slices.Contains(v1Controllers, k) }
 
 // v2Required are the controllers a v2 host must offer for LazyFork to use v2.
 var v2Required = []string{"memory", "pids"}
@@ -81,7 +88,7 @@ func readCgroupMounts() (map[string]mount, error) {
 			addMount(mounts, unified, m)
 		case "cgroup":
 			for _, opt := range strings.Split(fields[sep+3], ",") {
-				if slices.Contains(v1Controllers, opt) {
+				if isV1Key(opt) {
 					addMount(mounts, opt, m)
 				}
 			}
@@ -143,7 +150,7 @@ func (h host) selfPaths() (Paths, error) {
 	}
 	all := map[string]string{}
 	for k, p := range v1 {
-		if slices.Contains(v1Controllers, k) {
+		if isV1Key(k) {
 			all[k] = p
 		}
 	}

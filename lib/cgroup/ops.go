@@ -49,7 +49,7 @@ func (c *Cgroup) Procs() ([]int, error) {
 			pids = append(pids, int(p))
 		}
 	} else {
-		for _, k := range v1Controllers {
+		for _, k := range c.keys() {
 			ps, err := c.v1.Processes(cgroup1.Name(k), true)
 			if err != nil {
 				return nil, fmt.Errorf("list processes of cgroup %s:%s: %w", k, c.Paths[k], err)

@@ -2,13 +2,17 @@ package runtime
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/lib/confine"
 )
 
 // InitArg is the hidden first argument with which the lazyfork binary re-executes itself
@@ -20,12 +24,13 @@ const InitArg = "__lazyfork_init"
 // initConfig is what the parent sends the helper on fd 3 once the helper's cgroups are
 // in place.
 type initConfig struct {
-	RootFS     string   `json:"rootfs"`
-	Hostname   string   `json:"hostname"`
-	Args       []string `json:"args"`
-	Env        []string `json:"env"`
-	WorkingDir string   `json:"working_dir"`
-	MemDir     string   `json:"mem_dir"`
+	RootFS     string          `json:"rootfs"`
+	Hostname   string          `json:"hostname"`
+	Args       []string        `json:"args"`
+	Env        []string        `json:"env"`
+	WorkingDir string          `json:"working_dir"`
+	MemDir     string          `json:"mem_dir"`
+	Confine    confine.Profile `json:"confine"`
 }
 
 // Paths inside every container.
@@ -33,7 +38,23 @@ const (
 	MemMount      = "/.lazyfork/mem"
 	OvercommitDir = "/.lazyfork"
 	OutputLog     = "/var/log/lazyfork/output.log"
+	// emptyDir is bound read-only over masked /proc directories: a directory of the root
+	// file system, not a tmpfs, which CRIU would archive into every checkpoint.
+	emptyDir = "/.lazyfork/empty"
 )
+
+// MaskedPaths are hidden from a confined container as runc does: files under /dev/null,
+// directories under an empty read-only directory. Paths the kernel lacks are skipped.
+// No sysfs is mounted in a container, so runc's /sys entries have nothing to hide.
+var MaskedPaths = []string{
+	"/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+}
+
+// ReadonlyPaths are bound read-only onto themselves in a confined container, as runc does.
+var ReadonlyPaths = []string{
+	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+}
 
 // MaybeInit runs the container set-up helper and never returns if this process was
 // started as one. Call it first thing in main (and TestMain).
@@ -50,6 +71,8 @@ func MaybeInit() {
 }
 
 func containerInit() error {
+	// Capabilities and no_new_privs are per thread: set them on the thread that execs.
+	goruntime.LockOSThread()
 	unix.CloseOnExec(4)
 	cfgFile := os.NewFile(3, "config")
 	var cfg initConfig
@@ -61,15 +84,24 @@ func containerInit() error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	root := cfg.RootFS
-	if err := setupMounts(root, cfg.MemDir); err != nil {
+	// The family memory directory is the one host object the container sees: take it as
+	// a detached read-only mount now, by its host path, and attach it after pivot_root.
+	mem, err := cloneReadOnly(cfg.MemDir)
+	if err != nil {
+		return fmt.Errorf("bind %s: %w", MemMount, err)
+	}
+	defer unix.Close(mem)
+	// Every path below is resolved after pivot_root, inside the container's root: an
+	// image's symlink (/.lazyfork -> /host/dir, /proc -> /etc, ...) can at worst point
+	// at another place of the container itself, never at the host.
+	if err := pivot(cfg.RootFS); err != nil {
+		return err
+	}
+	if err := setupMounts(mem, !cfg.Confine.Privileged); err != nil {
 		return err
 	}
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return fmt.Errorf("set hostname: %w", err)
-	}
-	if err := pivot(root); err != nil {
-		return err
 	}
 	wd := cfg.WorkingDir
 	if wd == "" {
@@ -94,68 +126,167 @@ func containerInit() error {
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("close inherited fds: %w", err)
 	}
+	if err := cfg.Confine.Apply(); err != nil {
+		return err
+	}
 	err = unix.Exec(path, cfg.Args, cfg.Env)
 	return fmt.Errorf("exec %s: %w", cfg.Args[0], err)
 }
 
-func setupMounts(root, memDir string) error {
-	j := func(p string) string { return filepath.Join(root, p) }
-	// An image's /dev symlink would point the device nodes below at the host's tree.
-	if fi, err := os.Lstat(j("dev")); err == nil && !fi.IsDir() {
-		if err := os.Remove(j("dev")); err != nil {
-			return fmt.Errorf("replace the image's /dev: %w", err)
-		}
+// cloneReadOnly returns a detached copy of the mount at dir, read-only, nosuid and nodev
+// (not noexec: forks map text pages and JIT code from the memory files).
+func cloneReadOnly(dir string) (int, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("open_tree %s: %w", dir, err)
 	}
-	for _, d := range []string{"proc", "dev", OvercommitDir, MemMount, filepath.Dir(OutputLog), "tmp"} {
-		if err := os.MkdirAll(j(d), 0o755); err != nil {
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("mount_setattr %s: %w", dir, err)
+	}
+	return fd, nil
+}
+
+// setupMounts runs after pivot_root: "/" is the container's root.
+func setupMounts(mem int, confined bool) error {
+	// The runtime's own directories must be directories: an image's symlink or file in
+	// their place is replaced (in the container's upper layer), as for /dev.
+	for _, d := range []string{"/proc", "/dev", OvercommitDir, MemMount, emptyDir} {
+		if err := ensureDir(d); err != nil {
 			return fmt.Errorf("prepare %s: %w", d, err)
 		}
 	}
-	if err := unix.Mount("proc", j("proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+	for _, d := range []string{filepath.Dir(OutputLog), "/tmp"} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("prepare %s: %w", d, err)
+		}
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
 	}
-	// /dev is a plain directory of the root file system, not a tmpfs: CRIU would archive a
-	// tmpfs into every checkpoint and unpack it (tar, gzip) in every restore. Like a tmpfs
-	// it starts empty: the image's own nodes (console, ptmx) are hidden.
-	if err := clearDir(j("dev")); err != nil {
+	if err := setupDev(); err != nil {
+		return err
+	}
+	// glibc must see overcommit_memory=2 from its first trim on (see the spec's
+	// Mechanism); the file lives inside the root so the bind survives dump/restore.
+	oc := filepath.Join(OvercommitDir, "overcommit_memory")
+	if err := writeNew(oc, "2\n", 0o444); err != nil {
+		return fmt.Errorf("write overcommit file: %w", err)
+	}
+	if confined {
+		if err := protectProc(); err != nil {
+			return err
+		}
+	}
+	if err := bindReadOnly(oc, "/proc/sys/vm/overcommit_memory", 0); err != nil {
+		return fmt.Errorf("bind overcommit_memory: %w", err)
+	}
+	if err := unix.MoveMount(mem, "", unix.AT_FDCWD, MemMount, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach %s: %w", MemMount, err)
+	}
+	return nil
+}
+
+// setupDev fills /dev. It is a plain directory of the root file system, not a tmpfs:
+// CRIU would archive a tmpfs into every checkpoint and unpack it (tar, gzip) in every
+// restore. Like a tmpfs it starts empty: the image's own nodes (console, ptmx) are hidden.
+func setupDev() error {
+	if err := clearDir("/dev"); err != nil {
 		return fmt.Errorf("prepare /dev: %w", err)
 	}
+	// The device cgroup allows exactly these (cgroup.AllowedDevices).
 	devs := []struct {
 		name         string
 		major, minor uint32
 	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}
 	for _, d := range devs {
-		if err := unix.Mknod(j("dev/"+d.name), unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+		if err := unix.Mknod("/dev/"+d.name, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
 			return fmt.Errorf("create /dev/%s: %w", d.name, err)
 		}
-		_ = os.Chmod(j("dev/"+d.name), 0o666)
+		if err := unix.Fchmodat(unix.AT_FDCWD, "/dev/"+d.name, 0o666, 0); err != nil {
+			return fmt.Errorf("create /dev/%s: %w", d.name, err)
+		}
 	}
 	for _, l := range [][2]string{{"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}} {
-		_ = os.Symlink(l[0], j("dev/"+l[1]))
+		_ = os.Symlink(l[0], "/dev/"+l[1])
 	}
-	if err := os.Mkdir(j("dev/pts"), 0o755); err != nil {
+	if err := os.Mkdir("/dev/pts", 0o755); err != nil {
 		return fmt.Errorf("create /dev/pts: %w", err)
 	}
 	// Everyone may create POSIX shared memory, as on a host's /dev/shm.
-	if err := os.Mkdir(j("dev/shm"), 0o755); err != nil {
+	if err := os.Mkdir("/dev/shm", 0o755); err != nil {
 		return fmt.Errorf("create /dev/shm: %w", err)
 	}
-	if err := unix.Chmod(j("dev/shm"), 0o1777); err != nil {
+	if err := unix.Chmod("/dev/shm", 0o1777); err != nil {
 		return fmt.Errorf("create /dev/shm: %w", err)
-	}
-	// glibc must see overcommit_memory=2 from its first trim on (see the spec's
-	// Mechanism); the file lives inside the root so the bind survives dump/restore.
-	oc := j(filepath.Join(OvercommitDir, "overcommit_memory"))
-	if err := os.WriteFile(oc, []byte("2\n"), 0o444); err != nil {
-		return fmt.Errorf("write overcommit file: %w", err)
-	}
-	if err := bindReadOnly(oc, j("proc/sys/vm/overcommit_memory")); err != nil {
-		return fmt.Errorf("bind overcommit_memory: %w", err)
-	}
-	if err := bindReadOnly(memDir, j(MemMount)); err != nil {
-		return fmt.Errorf("bind %s: %w", MemMount, err)
 	}
 	return nil
+}
+
+// protectProc masks and write-protects the parts of /proc that reach the host kernel, as
+// runc's masked and read-only paths do.
+func protectProc() error {
+	const procFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	for _, p := range ReadonlyPaths {
+		if err := bindReadOnly(p, p, procFlags); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return fmt.Errorf("make %s read-only: %w", p, err)
+		}
+	}
+	if err := unix.Chmod(emptyDir, 0o555); err != nil {
+		return fmt.Errorf("prepare %s: %w", emptyDir, err)
+	}
+	for _, p := range MaskedPaths {
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return fmt.Errorf("mask %s: %w", p, err)
+		}
+		src := "/dev/null"
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			src = emptyDir
+		}
+		if err := bindReadOnly(src, p, procFlags); err != nil {
+			return fmt.Errorf("mask %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// ensureDir makes p a directory: anything else there (a symlink, a file) is removed.
+func ensureDir(p string) error {
+	var st unix.Stat_t
+	err := unix.Lstat(p, &st)
+	if err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return nil
+	}
+	if err == nil {
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+	} else if !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	return os.Mkdir(p, 0o755)
+}
+
+// writeNew replaces p with a new regular file holding data, never following a symlink.
+func writeNew(p, data string, mode uint32) error {
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	_, err = f.WriteString(data)
+	return errors.Join(err, f.Close())
 }
 
 func clearDir(dir string) error {
@@ -171,11 +302,13 @@ func clearDir(dir string) error {
 	return nil
 }
 
-func bindReadOnly(src, dst string) error {
-	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+// bindReadOnly binds src onto dst and makes the bind read-only, keeping extra flags
+// (a remount of a bind resets the flags it is not given).
+func bindReadOnly(src, dst string, extra uintptr) error {
+	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return err
 	}
-	return unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, "")
+	return unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|extra, "")
 }
 
 func pivot(root string) error {
@@ -192,7 +325,7 @@ func pivot(root string) error {
 }
 
 func redirectOutput() error {
-	out, err := os.OpenFile(OutputLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	out, err := os.OpenFile(OutputLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE|unix.O_NOFOLLOW, 0o644)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", OutputLog, err)
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/confine"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/image"
 	"github.com/lazyfork/lazyfork/lib/overlay"
@@ -57,6 +58,15 @@ type CreateOptions struct {
 	Env      []string
 	Hook     string
 	Progress io.Writer // image pull progress (human text)
+	// User overrides the image's User: "uid[:gid]" or names from the image's /etc/passwd
+	// and /etc/group.
+	User string
+	// Privileged opts out of confinement: every capability, no seccomp filter, no masked
+	// /proc paths, no device list (what containers had before LazyFork confined them).
+	Privileged bool
+	// Memory (bytes) and PidsLimit cap the container's cgroup; 0 means no limit.
+	Memory    int64
+	PidsLimit int64
 }
 
 // MemDir is where a root container's (empty) /.lazyfork/mem lives on the host.
@@ -95,6 +105,17 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		return nil, errors.New("no command given and the image has none: add `-- COMMAND [ARGS...]`")
 	}
 	env := mergeEnv(img.Env, o.Env)
+	if o.Memory < 0 || o.PidsLimit < 0 {
+		return nil, fmt.Errorf("memory limit %d and pids limit %d: limits must be positive (0 means none)", o.Memory, o.PidsLimit)
+	}
+	prof := confine.Default()
+	if o.Privileged {
+		prof = confine.Privileged()
+	}
+	user := o.User
+	if user == "" {
+		user = img.User
+	}
 
 	var cleanup undo
 	defer func() {
@@ -111,6 +132,8 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		c.Env = env
 		c.WorkingDir = img.WorkingDir
 		c.Hook = o.Hook
+		c.Memory, c.PidsLimit = o.Memory, o.PidsLimit
+		c.Confine = &prof
 		return nil
 	})
 	if err != nil {
@@ -127,6 +150,15 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 	}
 	cleanup.push(func() error { return overlay.Teardown(layer) })
 
+	// The user is looked up in the image's own account files, inside the mounted root.
+	if err := prof.ResolveUser(c.RootFS, user); err != nil {
+		return nil, fmt.Errorf("create: %w", err)
+	}
+	if prof.Home != "" && !slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, "HOME=") }) {
+		env = append(env, "HOME="+prof.Home)
+		c.Env = env
+	}
+
 	if err := os.MkdirAll(c.MemDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create %s: %w", c.MemDir, err)
 	}
@@ -137,10 +169,13 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		return nil, err
 	}
 	cleanup.push(func() error { _ = cg.Kill(); return cg.Remove() })
+	if err := cg.SetLimits(cgroup.Limits{Memory: o.Memory, Pids: o.PidsLimit, Devices: !o.Privileged}); err != nil {
+		return nil, err
+	}
 
 	pid, err := r.startInit(cg, initConfig{
 		RootFS: c.RootFS, Hostname: c.Hostname, Args: args, Env: env,
-		WorkingDir: c.WorkingDir, MemDir: c.MemDir,
+		WorkingDir: c.WorkingDir, MemDir: c.MemDir, Confine: prof,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", displayName(c), err)

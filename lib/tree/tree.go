@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/lib/confine"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 )
 
@@ -64,6 +65,14 @@ type Container struct {
 
 	Cgroup   map[string]string `json:"cgroup"`
 	CgroupV2 bool              `json:"cgroup_v2,omitempty"`
+	// Memory (bytes) and PidsLimit are the cgroup limits given at create (0: none); forks
+	// keep them (CRIU copies the limits into each fork's cgroup).
+	Memory    int64 `json:"memory,omitempty"`
+	PidsLimit int64 `json:"pids_limit,omitempty"`
+	// Confine is how every process in the container is confined; a process started inside
+	// it (exec, shell) must Apply it before its execve. A record without it was created
+	// before confinement existed and runs privileged: see ConfineProfile.
+	Confine *confine.Profile `json:"confine,omitempty"`
 
 	Pid       int    `json:"pid"`
 	StartTime uint64 `json:"start_time"`
@@ -77,6 +86,16 @@ type Container struct {
 
 	// Timings of the fork that made this container, for stats.
 	Timings map[string]float64 `json:"timings_ms,omitempty"`
+}
+
+// ConfineProfile is the confinement of the container's processes: the recorded one, or
+// for records written before LazyFork confined containers, what they really run with
+// (privileged, as root).
+func (c *Container) ConfineProfile() confine.Profile {
+	if c.Confine == nil {
+		return confine.Privileged()
+	}
+	return *c.Confine
 }
 
 // Store is a directory of container records.
