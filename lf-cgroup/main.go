@@ -46,13 +46,18 @@ type opCmd struct {
 	Parent string `help:"Parent cgroup path used with --name." env:"LAZYFORK_CGROUP_PARENT"`
 }
 
+// open loads the group only if it is one of LazyFork's (cgroup.LoadOwned): the JSON may
+// be forged, and kill or remove on /system.slice must not happen.
 func (t *opCmd) open() (*cgroup.Cgroup, error) {
 	if t.Name != "" {
+		if err := cgroup.CheckParent(t.Parent); err != nil {
+			return nil, err
+		}
 		c, err := cgroup.Resolve(t.Name, t.Parent)
 		if err != nil {
 			return nil, err
 		}
-		return cgroup.Load(c.Paths)
+		return cgroup.LoadOwned(c.Paths)
 	}
 	in := os.Stdin
 	if t.In != "" && t.In != "-" {
@@ -64,11 +69,11 @@ func (t *opCmd) open() (*cgroup.Cgroup, error) {
 		in = f
 	}
 	var d doc
-	if err := json.NewDecoder(in).Decode(&d); err != nil || d.Cgroup == nil {
+	if err := json.NewDecoder(io.LimitReader(in, 1<<20)).Decode(&d); err != nil || d.Cgroup == nil {
 		return nil, fmt.Errorf("read cgroup JSON: %w (pass the output of `lf-cgroup create`, or --name)",
 			cmp.Or(err, errors.New("no cgroup in it")))
 	}
-	return cgroup.Load(d.Paths)
+	return cgroup.LoadOwned(d.Paths)
 }
 
 type createCmd struct {
@@ -77,6 +82,9 @@ type createCmd struct {
 }
 
 func (c *createCmd) Run(w io.Writer) error {
+	if err := cgroup.CheckParent(c.Parent); err != nil {
+		return err
+	}
 	g, err := cgroup.Create(c.Name, c.Parent)
 	if err != nil {
 		return err

@@ -72,7 +72,8 @@ func rewriteRaw(ctx context.Context, c cli) error {
 	if mount == "" {
 		mount = fam
 	}
-	if err := os.MkdirAll(fam, 0o755); err != nil {
+	// The memory files are a process's heap: 0700, like a family's (the files are 0400).
+	if err := os.MkdirAll(fam, 0o700); err != nil {
 		return err
 	}
 	res, err := memfile.Rewrite(ctx, memfile.Options{ImagesDir: dir, FamilyDir: fam, MountPath: mount,

@@ -5,7 +5,9 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"strings"
 
 	"github.com/alecthomas/kong"
 
@@ -47,11 +49,8 @@ func (c *teardownCmd) Run() error {
 		in = f
 	}
 	var l overlay.Layer
-	if err := json.NewDecoder(in).Decode(&l); err != nil {
+	if err := json.NewDecoder(io.LimitReader(in, 1<<20)).Decode(&l); err != nil {
 		return fmt.Errorf("read layer JSON: %w (pass the output of `lf-overlay prepare`)", err)
-	}
-	if l.Target == "" {
-		return fmt.Errorf("layer JSON has no target")
 	}
 	if err := overlay.Teardown(l); err != nil {
 		return err
@@ -63,7 +62,7 @@ func main() {
 	var c cli
 	ctx := kong.Parse(&c, kong.Name("lf-overlay"), kong.Description("Prepare and tear down LazyFork overlay layers."))
 	if err := ctx.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "lf-overlay: %v\n", err)
+		fmt.Fprintf(os.Stderr, "lf-overlay: %s\n", strings.ReplaceAll(err.Error(), "\n", "; "))
 		os.Exit(1)
 	}
 }

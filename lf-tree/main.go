@@ -5,11 +5,13 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -55,10 +57,15 @@ type putCmd struct{}
 
 func (putCmd) Run(s *tree.Store) error {
 	var c tree.Container
-	dec := json.NewDecoder(os.Stdin)
+	dec := json.NewDecoder(io.LimitReader(os.Stdin, 1<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		return fmt.Errorf("read record from stdin: %w", err)
+	}
+	// Later commands kill the record's cgroup and remove its directories: only ones
+	// LazyFork owns may be written.
+	if err := stage.CheckRecord(&c); err != nil {
+		return err
 	}
 	if err := s.Put(&c); err != nil {
 		return err
@@ -107,10 +114,17 @@ func main() {
 	var c cli
 	ctx := kong.Parse(&c, kong.Name("lf-tree"), kong.Description("Read and write LazyFork's container tree."))
 	dir := c.Dir
+	var err error
 	if dir == "" {
 		dir = paths.Containers()
+	} else {
+		// put and rm write and remove below it: only inside the state roots.
+		dir, err = paths.InState(dir)
 	}
-	s, err := tree.Open(dir)
+	var s *tree.Store
+	if err == nil {
+		s, err = tree.Open(dir)
+	}
 	if err == nil {
 		err = ctx.Run(s)
 	}

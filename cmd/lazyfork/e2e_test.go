@@ -316,7 +316,7 @@ func TestKilledMidBatch(t *testing.T) {
 
 func TestOverlayAndTreeStagesAlone(t *testing.T) {
 	e := newEnv(t)
-	d := t.TempDir()
+	d := filepath.Join(e.run, "overlay-alone") // stage input must lie inside the state roots
 	low := filepath.Join(d, "low")
 	os.MkdirAll(low, 0o755)
 	os.WriteFile(filepath.Join(low, "f"), []byte("lower"), 0o644)

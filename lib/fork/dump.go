@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -46,7 +47,7 @@ type DumpOptions struct {
 }
 
 // LayersDir holds the frozen upper layers forks stack on.
-func LayersDir() string { return filepath.Join(paths.Root(), "layers") }
+func LayersDir() string { return paths.Layers() }
 
 func kdatDir() string { return criu.DefaultKdatDir() }
 
@@ -54,6 +55,16 @@ func kdatDir() string { return criu.DefaultKdatDir() }
 // instant. The source keeps running unless o.Exit.
 func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOptions) (_ *stage.Snapshot, retErr error) {
 	name := displayName(c)
+	// The record names the processes, cgroup and upper the dump reads: refuse one that
+	// names anything LazyFork did not make (a forged container.json, `lf-tree put`).
+	if err := stage.CheckRecord(c); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", name, err)
+	}
+	unlock, err := lockShared(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("dump %s: %w", name, err)
+	}
+	defer unlock()
 	switch st := rt.State(c); st {
 	case tree.StateRunning:
 	case tree.StateFrozen:
@@ -63,9 +74,13 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	default:
 		return nil, fmt.Errorf("dump %s: it is %s; only a running container can be dumped", name, st)
 	}
-	cg, err := runtime.Cgroup(c)
+	cg, err := cgroup.LoadOwned(c.Cgroup)
 	if err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
+	}
+	// CRIU dumps the tree under c.Pid: it must be one of the container's own processes.
+	if pids, err := cg.Procs(); err != nil || !slices.Contains(pids, c.Pid) {
+		return nil, fmt.Errorf("dump %s: pid %d is not in its cgroup (%v): %w", name, c.Pid, err, stage.ErrForged)
 	}
 	if !o.Force {
 		if libs := liveAllocators(cg); len(libs) > 0 {
@@ -91,9 +106,6 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	s.ImagesDir = filepath.Join(s.Dir, "images")
 	s.Lower = append([]string{s.Layer}, c.Lower...)
 
-	if err := os.MkdirAll(s.ImagesDir, 0o700); err != nil {
-		return nil, fmt.Errorf("dump %s: %w", name, err)
-	}
 	defer func() {
 		if retErr != nil {
 			_ = fsutil.RemoveAll(s.Dir)
@@ -102,7 +114,10 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	}()
 	// The record exists before anything it references, so GC never sees an orphan.
 	if err := Save(s); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("dump %s: %w", name, err)
+	}
+	if err := os.MkdirAll(s.ImagesDir, 0o700); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
 	if err := os.MkdirAll(LayersDir(), 0o700); err != nil {
 		return nil, err

@@ -134,16 +134,26 @@ func TestAllocatorRefusedUnlessForced(t *testing.T) {
 
 func TestMemfileBadImages(t *testing.T) {
 	testutil.RequireRoot(t)
-	dir := t.TempDir()
-	s := &stage.Snapshot{Kind: stage.KindSnapshot, Version: stage.Version, ID: "sbad", State: stage.SnapDumped,
-		Dir: dir, ImagesDir: filepath.Join(dir, "images"), FamilyDir: filepath.Join("/dev/shm", "lazyfork-test-fam-"+filepath.Base(dir)),
-		Lower: []string{t.TempDir()}}
-	t.Cleanup(func() { _ = os.RemoveAll(s.FamilyDir) })
-	if err := os.MkdirAll(s.ImagesDir, 0o700); err != nil {
+	// A snapshot document with the shape of a real one (stage input is checked first).
+	run, err := os.MkdirTemp("/dev/shm", "lazyfork-test-run-")
+	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = os.RemoveAll(run) })
+	t.Setenv("LAZYFORK_RUN", run)
+	t.Setenv("LAZYFORK_ROOT", t.TempDir())
+	id := "s0000000000ba"
+	dir := filepath.Join(paths.Snapshots(), id)
+	s := &stage.Snapshot{Kind: stage.KindSnapshot, Version: stage.Version, ID: id, State: stage.SnapDumped,
+		Dir: dir, ImagesDir: filepath.Join(dir, "images"), FamilyDir: filepath.Join(paths.Families(), id),
+		Family: id, Lower: []string{filepath.Join(paths.Layers(), "s0000000000aa")}}
+	for _, d := range []string{s.ImagesDir, s.Lower[0]} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
 	os.WriteFile(filepath.Join(s.ImagesDir, "junk"), []byte("x"), 0o600)
-	_, err := fork.Memfile(ctx, s, fork.MemfileOptions{})
+	_, err = fork.Memfile(ctx, s, fork.MemfileOptions{})
 	if err == nil || !strings.Contains(err.Error(), "not a CRIU image") || strings.Contains(err.Error(), "\n") {
 		t.Errorf("memfile of a non-image dir: %v", err)
 	}

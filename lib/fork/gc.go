@@ -1,38 +1,121 @@
 package fork
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
+
+// GCLockWait bounds how long GC waits for dumps, rewrites and restores in progress to
+// release the state lock before it gives up (it never deletes under them).
+var GCLockWait = 30 * time.Second
+
+// ErrStateBusy: GC gave up waiting for the state lock.
+var ErrStateBusy = errors.New("a dump, memfile or restore is in progress")
+
+// StateLockPath is the file whose flock orders GC against the pipeline: dumps, rewrites
+// and restores hold it shared while they create snapshots, layers and family files that
+// no record references yet; GC holds it exclusively while it decides what is garbage.
+func StateLockPath() string { return filepath.Join(paths.Run(), "state.lock") }
+
+// LockState takes the state lock, shared (the pipeline) or exclusive (GC). It waits while
+// ctx lasts and, when wait > 0, at most wait; unlock releases it.
+func LockState(ctx context.Context, exclusive bool, wait time.Duration) (unlock func(), err error) {
+	if err := os.MkdirAll(paths.Run(), 0o700); err != nil {
+		return nil, fmt.Errorf("lock state: %w", err)
+	}
+	f, err := os.OpenFile(StateLockPath(), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock state: %w", err)
+	}
+	how, kind := unix.LOCK_SH, "shared"
+	if exclusive {
+		how, kind = unix.LOCK_EX, "exclusive"
+	}
+	var deadline <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		deadline = t.C
+	}
+	for {
+		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
+		if err == nil {
+			return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock state %s: %w", StateLockPath(), err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("wait for the %s state lock %s: %w", kind, StateLockPath(), ctx.Err())
+		case <-deadline:
+			f.Close()
+			return nil, fmt.Errorf("%w (it holds %s for %v and more); run gc again when it ends", ErrStateBusy, StateLockPath(), wait)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// lockShared is what Dump, Memfile and Restore take for their whole run.
+func lockShared(ctx context.Context) (func(), error) { return LockState(ctx, false, 0) }
 
 // GC is the reference counting of what forks share. Memory files are kept per family
 // while any container or snapshot of the family exists (deleting one a descendant still
 // maps breaks its later dumps); frozen layers while any container or snapshot stacks
 // on them; snapshots while their source exists or a stopped container restarts from
 // them. Records abandoned half-way by a killed command are deleted.
+//
+// GC reads every record before it deletes anything, and stops with an error, deleting
+// nothing, when one cannot be read, parsed or trusted: a record it cannot read may be the
+// only reference to a family or a layer. It holds the state lock exclusively, so it never
+// runs while a dump, rewrite or restore is making things no record references yet.
 func GC(rt *runtime.Runtime) error {
+	unlockState, err := LockState(context.Background(), true, GCLockWait)
+	if err != nil {
+		return fmt.Errorf("gc: %w", err)
+	}
+	defer unlockState()
 	unlock, err := rt.Tree.Lock()
 	if err != nil {
-		return err
+		return fmt.Errorf("gc: %w", err)
 	}
 	defer unlock()
-	all, err := rt.Tree.List()
+	all, err := listRecords(rt.Tree)
 	if err != nil {
-		return err
+		return fmt.Errorf("gc: %w (nothing was deleted; fix or remove that record by hand)", err)
 	}
-	var errs []error
+	snaps, leftovers, err := scanSnapshots()
+	if err != nil {
+		return fmt.Errorf("gc: %w (nothing was deleted; fix or remove that snapshot by hand)", err)
+	}
 	live := map[string]*tree.Container{}
+	var abandoned []*tree.Container
 	for _, c := range all {
 		if c.State == tree.StateCreating && c.Owner > 0 && unix.Kill(c.Owner, 0) != nil {
-			errs = append(errs, rt.Delete(c))
+			// Deleting kills its cgroup and removes its directories: only if they are ours.
+			if err := stage.CheckRecord(c); err != nil {
+				return fmt.Errorf("gc: abandoned record %s: %w (nothing was deleted)", c.ID, err)
+			}
+			abandoned = append(abandoned, c)
 			continue
 		}
 		live[c.ID] = c
@@ -47,14 +130,11 @@ func GC(rt *runtime.Runtime) error {
 			snapsKept[c.Snapshot] = true
 		}
 	}
-	snaps, err := Snapshots()
-	if err != nil {
-		return err
-	}
+	var drop []*stage.Snapshot
 	for _, s := range snaps {
-		abandoned := s.Owner > 0 && unix.Kill(s.Owner, 0) != nil
-		if (abandoned || live[s.Source.ID] == nil) && !snapsKept[s.ID] {
-			errs = append(errs, RemoveSnapshot(s))
+		gone := s.Owner > 0 && unix.Kill(s.Owner, 0) != nil
+		if (gone || live[s.Source.ID] == nil) && !snapsKept[s.ID] {
+			drop = append(drop, s)
 			continue
 		}
 		families[s.Family] = true
@@ -63,12 +143,136 @@ func GC(rt *runtime.Runtime) error {
 			layers[l] = true
 		}
 	}
-	errs = append(errs, sweep(paths.Families(), families, func(dir string) bool { return families[filepath.Base(dir)] }))
-	errs = append(errs, sweep(LayersDir(), layers, func(dir string) bool { return layers[dir] }))
+
+	var errs []error
+	for _, c := range abandoned {
+		errs = append(errs, rt.Delete(c))
+	}
+	for _, s := range drop {
+		errs = append(errs, RemoveSnapshot(s))
+	}
+	for _, d := range leftovers {
+		errs = append(errs, fsutil.RemoveAll(d))
+	}
+	errs = append(errs, sweep(paths.Families(), func(dir string) bool { return families[filepath.Base(dir)] }))
+	errs = append(errs, sweep(LayersDir(), func(dir string) bool { return layers[dir] }))
 	return errors.Join(errs...)
 }
 
-func sweep(parent string, _ map[string]bool, keep func(string) bool) error {
+var recordDirRe = regexp.MustCompile(`^[0-9a-f]{12}$`)
+
+// maxRecord bounds a container.json (real ones are a few KiB).
+const maxRecord = 1 << 20
+
+// listRecords is tree.List that fails instead of skipping a record it cannot read. A
+// directory whose container.json is missing is given a moment (a delete may be removing
+// it right now) before it counts as unreadable.
+func listRecords(s *tree.Store) ([]*tree.Container, error) {
+	ents, err := os.ReadDir(s.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	var out []*tree.Container
+	for _, e := range ents {
+		if !recordDirRe.MatchString(e.Name()) {
+			continue
+		}
+		if !e.IsDir() {
+			return nil, fmt.Errorf("container record %s is not a directory", filepath.Join(s.Dir, e.Name()))
+		}
+		c, err := readRecord(s, e.Name())
+		if errors.Is(err, os.ErrNotExist) {
+			c, err = waitRecordGone(s, e.Name())
+			if c == nil && err == nil {
+				continue
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, nil
+}
+
+func readRecord(s *tree.Store, id string) (*tree.Container, error) {
+	path := filepath.Join(s.Path(id), "container.json")
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("read container record %s: %w", path, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxRecord+1))
+	if err != nil {
+		return nil, fmt.Errorf("read container record %s: %w", path, err)
+	}
+	if len(b) > maxRecord {
+		return nil, fmt.Errorf("read container record %s: larger than %d bytes", path, maxRecord)
+	}
+	var c tree.Container
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("parse container record %s: %w", path, err)
+	}
+	if c.Version != tree.RecordVersion {
+		return nil, fmt.Errorf("container record %s: version %d not supported (want %d)", path, c.Version, tree.RecordVersion)
+	}
+	if c.ID != id {
+		return nil, fmt.Errorf("container record %s: names id %q", path, c.ID)
+	}
+	return &c, nil
+}
+
+// waitRecordGone waits briefly for a directory without container.json to disappear (nil,
+// nil) or to get its record; after that it is an error.
+func waitRecordGone(s *tree.Store, id string) (*tree.Container, error) {
+	var err error
+	for i := 0; i < 20; i++ {
+		time.Sleep(50 * time.Millisecond)
+		if _, serr := os.Lstat(s.Path(id)); errors.Is(serr, os.ErrNotExist) {
+			return nil, nil
+		}
+		var c *tree.Container
+		if c, err = readRecord(s, id); err == nil {
+			return c, nil
+		}
+	}
+	return nil, err
+}
+
+// scanSnapshots lists every snapshot strictly (see Snapshots) and what a killed command
+// left: directories renamed aside for removal, and empty snapshot directories (a dump
+// killed between making the directory and writing its record; dumps hold the state lock
+// until the record is written, so under GC's exclusive lock an empty one is garbage).
+func scanSnapshots() (snaps []*stage.Snapshot, leftovers []string, err error) {
+	ents, err := os.ReadDir(paths.Snapshots())
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil, nil
+		}
+		return nil, nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	for _, e := range ents {
+		dir := filepath.Join(paths.Snapshots(), e.Name())
+		if strings.HasPrefix(e.Name(), removingPrefix) {
+			leftovers = append(leftovers, dir)
+			continue
+		}
+		if sub, err := os.ReadDir(dir); err == nil && len(sub) == 0 && e.IsDir() {
+			leftovers = append(leftovers, dir)
+			continue
+		}
+		s, err := LoadSnapshot(dir)
+		if err != nil {
+			return nil, nil, fmt.Errorf("read snapshot %s: %w", e.Name(), err)
+		}
+		snaps = append(snaps, s)
+	}
+	sort.Slice(snaps, func(i, j int) bool { return snaps[i].Created.Before(snaps[j].Created) })
+	return snaps, leftovers, nil
+}
+
+func sweep(parent string, keep func(string) bool) error {
 	ents, err := os.ReadDir(parent)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {

@@ -32,10 +32,20 @@ type MemfileOptions struct {
 
 // Memfile moves a dumped snapshot's memory into its family's memory files on tmpfs.
 func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.Snapshot, error) {
+	// Every path comes from the document: nothing is created or mounted before it is
+	// known to be LazyFork's.
+	if err := stage.CheckSnapshot(s); err != nil {
+		return nil, fmt.Errorf("memfile: %w", err)
+	}
 	if s.State != stage.SnapDumped {
 		return nil, fmt.Errorf("memfile %s: snapshot is %s, not dumped (lf-memfile takes the output of lf-dump)", s.ID, s.State)
 	}
-	if err := os.MkdirAll(s.FamilyDir, 0o755); err != nil {
+	unlock, err := lockShared(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("memfile %s: %w", s.ID, err)
+	}
+	defer unlock()
+	if err := MakeFamilyDir(s.FamilyDir); err != nil {
 		return nil, fmt.Errorf("memfile %s: %w", s.ID, err)
 	}
 	// Libraries' original bytes are read through a read-only overlay of the snapshot's
@@ -80,6 +90,30 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 		return nil, err
 	}
 	return s, nil
+}
+
+// MakeFamilyDir creates a family's directory on tmpfs: 0700 and root's (the memory files
+// in it are 0400), like every directory above it that it creates, so no other user reads
+// a fork's memory. One that exists is brought to the same mode.
+func MakeFamilyDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		fi, err := os.Lstat(d)
+		if err != nil {
+			return err
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("%s is not a directory", d)
+		}
+		if fi.Mode().Perm() != 0o700 {
+			if err := os.Chmod(d, 0o700); err != nil {
+				return fmt.Errorf("make %s private: %w", d, err)
+			}
+		}
+	}
+	return nil
 }
 
 func mountReadOnlyStack(lower []string, target string) error {

@@ -42,14 +42,14 @@ type RestoreOptions struct {
 // own namespaces, cgroup, overlay upper and hostname, sharing the family memory files.
 // When any fork fails the whole batch is undone and the first error returned.
 func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o RestoreOptions) ([]stage.Fork, error) {
+	// Every path comes from the document: the image CRIU reads, the family bound into each
+	// fork, the layers mounted as its root. Nothing is touched before they are known to
+	// be LazyFork's.
+	if err := stage.CheckSnapshot(s); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
 	switch s.State {
-	case stage.SnapMemfiled:
-	case stage.SnapDumped:
-		// A plain CRIU image: every fork gets a full copy of the memory (the baseline
-		// LazyFork is measured against).
-		if err := os.MkdirAll(s.FamilyDir, 0o755); err != nil {
-			return nil, err
-		}
+	case stage.SnapMemfiled, stage.SnapDumped:
 	default:
 		return nil, fmt.Errorf("restore %s: snapshot is %s; run lf-dump again", s.ID, s.State)
 	}
@@ -64,6 +64,18 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 			return nil, err
 		}
 	}
+	unlock, err := lockShared(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("restore %s: %w", s.ID, err)
+	}
+	defer unlock()
+	if s.State == stage.SnapDumped {
+		// A plain CRIU image: every fork gets a full copy of the memory (the baseline
+		// LazyFork is measured against); the family directory is only the mount source.
+		if err := MakeFamilyDir(s.FamilyDir); err != nil {
+			return nil, fmt.Errorf("restore %s: %w", s.ID, err)
+		}
+	}
 	if err := checkRestorable(s); err != nil {
 		return nil, err
 	}
@@ -75,7 +87,6 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 	if o.PerForkCriu {
 		svc = nil
 	} else if svc == nil || !svc.Alive() {
-		var err error
 		if svc, err = criu.StartService(ctx, kdatDir()); err != nil {
 			return nil, fmt.Errorf("restore %s: %w", s.ID, err)
 		}

@@ -5,9 +5,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
-	"sort"
 
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
@@ -20,8 +20,12 @@ func newSnapshotID() string {
 	return "s" + hex.EncodeToString(b[:])
 }
 
-// Save writes snapshot.json into the snapshot directory (atomically).
+// Save writes snapshot.json into the snapshot directory (atomically). A snapshot whose
+// paths are not LazyFork's (stage.CheckSnapshot) is refused before anything is written.
 func Save(s *stage.Snapshot) error {
+	if err := stage.CheckSnapshot(s); err != nil {
+		return fmt.Errorf("save snapshot: %w", err)
+	}
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return fmt.Errorf("save snapshot %s: %w", s.ID, err)
 	}
@@ -49,36 +53,49 @@ func LoadSnapshot(ref string) (*stage.Snapshot, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return stage.ReadSnapshot(f)
+	s, err := stage.ReadSnapshot(io.LimitReader(f, maxSnapshotJSON))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "snapshot.json"), err)
+	}
+	if err := stage.CheckSnapshot(s); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "snapshot.json"), err)
+	}
+	return s, nil
 }
 
-// Snapshots lists every snapshot on tmpfs, oldest first.
+// maxSnapshotJSON bounds a snapshot document read from a file or stdin (real ones are a
+// few KiB).
+const maxSnapshotJSON = 1 << 20
+
+// Snapshots lists every snapshot on tmpfs, oldest first. A snapshot directory whose
+// snapshot.json cannot be read, parsed or trusted is an error, not a gap in the list: GC
+// decides what to delete from this list, and a snapshot it cannot read still holds its
+// family and layers.
 func Snapshots() ([]*stage.Snapshot, error) {
-	ents, err := os.ReadDir(paths.Snapshots())
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	var out []*stage.Snapshot
-	for _, e := range ents {
-		if s, err := LoadSnapshot(filepath.Join(paths.Snapshots(), e.Name())); err == nil {
-			out = append(out, s)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
-	return out, nil
+	snaps, _, err := scanSnapshots()
+	return snaps, err
 }
 
 // RemoveSnapshot deletes a snapshot's directory (its image); its family files and frozen
 // layer stay as long as something references them (see GC).
 func RemoveSnapshot(s *stage.Snapshot) error {
-	if filepath.Dir(s.Dir) != paths.Snapshots() {
-		return fmt.Errorf("remove snapshot %s: %s is not under %s", s.ID, s.Dir, paths.Snapshots())
+	if err := stage.CheckSnapshot(s); err != nil {
+		return fmt.Errorf("remove snapshot: %w", err)
 	}
-	return fsutil.RemoveAll(s.Dir)
+	// Renamed aside first, in one step: a reader never sees the directory half-removed
+	// (without its snapshot.json), which GC would have to take for a corrupt record.
+	aside := filepath.Join(paths.Snapshots(), removingPrefix+s.ID+"-"+newSnapshotID()[1:])
+	if err := os.Rename(s.Dir, aside); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("remove snapshot %s: %w", s.ID, err)
+	}
+	return fsutil.RemoveAll(aside)
 }
+
+// removingPrefix names snapshot directories renamed aside to be deleted.
+const removingPrefix = ".lf-rm-"
 
 // ReadSnapshotArg reads the snapshot a stage works on: the one named by arg (directory or
 // id) or, when arg is empty, the snapshot JSON on stdin (the previous stage's output).
@@ -86,5 +103,12 @@ func ReadSnapshotArg(arg string) (*stage.Snapshot, error) {
 	if arg != "" {
 		return LoadSnapshot(arg)
 	}
-	return stage.ReadSnapshot(os.Stdin)
+	s, err := stage.ReadSnapshot(io.LimitReader(os.Stdin, maxSnapshotJSON))
+	if err != nil {
+		return nil, err
+	}
+	if err := stage.CheckSnapshot(s); err != nil {
+		return nil, err
+	}
+	return s, nil
 }

@@ -19,7 +19,7 @@ import (
 // before a forced snapshot the host therefore takes it out itself, through a duplicate of
 // the listening socket (pidfd_getfd).
 func drainBacklog(c *tree.Container) error {
-	cg, err := cgroup.Load(c.Cgroup)
+	cg, err := cgroup.LoadOwned(c.Cgroup)
 	if err != nil {
 		return err
 	}

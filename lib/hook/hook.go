@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path"
@@ -35,7 +36,17 @@ var DefaultTimeout = 5 * time.Second
 // EnvVar is set in a container created with a hook, so the runtime inside finds its socket.
 const EnvVar = "LAZYFORK_HOOK"
 
+// MaxAnswer bounds the runtime's answer line (`OK` or `ERR <reason>`); a longer one is an
+// error, so a workload cannot make the host buffer without end.
+const MaxAnswer = 4096
+
+// maxTrailer bounds what the host reads after the answer while it waits for the close.
+const maxTrailer = 64 << 10
+
 var (
+	// ErrAnswerTooLong: the runtime sent more than MaxAnswer bytes without a newline, or
+	// kept writing after its answer instead of closing.
+	ErrAnswerTooLong = errors.New("runtime hook answer too long")
 	// ErrNoAnswer: nothing listens on the socket, or the runtime did not answer in time.
 	ErrNoAnswer = errors.New("runtime hook did not answer")
 	// ErrRefused: the runtime answered ERR.
@@ -143,12 +154,15 @@ func Send(ctx context.Context, root, sockPath, msg string, timeout time.Duration
 	if _, err := conn.Write([]byte(msg + "\n")); err != nil {
 		return fail(err)
 	}
-	r := bufio.NewReader(conn)
-	line, err := r.ReadString('\n')
-	if err != nil && line == "" {
+	r := bufio.NewReaderSize(conn, MaxAnswer)
+	b, err := r.ReadSlice('\n')
+	if errors.Is(err, bufio.ErrBufferFull) {
+		return fmt.Errorf("%s to hook %s: %w: no newline in the first %d bytes (answer one line, `OK` or `ERR <reason>`)", verb, sockPath, ErrAnswerTooLong, MaxAnswer)
+	}
+	if err != nil && len(b) == 0 {
 		return fail(fmt.Errorf("no answer: %w", err))
 	}
-	line = strings.TrimSpace(line)
+	line := strings.TrimSpace(string(b))
 	switch {
 	case line == "OK" || strings.HasPrefix(line, "OK "):
 	case strings.HasPrefix(line, "ERR"):
@@ -157,8 +171,11 @@ func Send(ctx context.Context, root, sockPath, msg string, timeout time.Duration
 		return fmt.Errorf("%s to hook %s: unexpected answer %q (want OK or ERR <reason>)", verb, sockPath, line)
 	}
 	// Wait for the runtime to close its end: a connection still open in the container
-	// would be part of the checkpoint, with its peer outside.
-	_, _ = r.Discard(1 << 20)
+	// would be part of the checkpoint, with its peer outside. What it sends meanwhile is
+	// read and dropped, up to a bound.
+	if n, _ := io.Copy(io.Discard, io.LimitReader(r, maxTrailer+1)); n > maxTrailer {
+		return fmt.Errorf("%s to hook %s: %w: more than %d bytes after the answer (close the connection after answering)", verb, sockPath, ErrAnswerTooLong, maxTrailer)
+	}
 	return nil
 }
 

@@ -100,7 +100,7 @@ func framingErr(name, what string, err error) error {
 
 // storeImage encodes img with crit into a new file (O_EXCL: temp names are ours alone).
 func storeImage(path string, img *crit.CriuImage) (err error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o644)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("create image %s: %w", filepath.Base(path), err)
 	}

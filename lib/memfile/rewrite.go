@@ -199,7 +199,7 @@ func (r *rewriter) closeFamily() {
 // createFiles creates every memory file (O_EXCL) at its apparent size.
 func (r *rewriter) createFiles(undo *cleanup) error {
 	for _, mf := range r.files {
-		f, err := os.OpenFile(mf.path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o444)
+		f, err := os.OpenFile(mf.path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o400)
 		if err != nil {
 			return fmt.Errorf("create memory file: %w", err)
 		}
@@ -454,7 +454,7 @@ func (r *rewriter) pointAt(v *vmaInfo) {
 			Fown:  &fown.FownEntry{Uid: zero(), Euid: zero(), Signum: zero(), PidType: zero(), Pid: zero()},
 			Name:  proto.String(filepath.Join(r.opts.MountPath, mf.name)),
 			Size:  proto.Uint64(uint64(mf.size)),
-			Mode:  proto.Uint32(unix.S_IFREG | 0o444),
+			Mode:  proto.Uint32(unix.S_IFREG | 0o400),
 		},
 	}
 	r.set.files.Entries = append(r.set.files.Entries, &crit.CriuEntry{Message: fe})
@@ -490,7 +490,7 @@ func (r *rewriter) writePagesImage(t *task, undo *cleanup) error {
 		return fmt.Errorf("remove stale %s: %w", tmp, err)
 	}
 	undo.push(func() error { return removeIfExists(tmp) })
-	dst, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o644)
+	dst, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("create image %s: %w", name, err)
 	}

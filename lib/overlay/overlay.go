@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/paths"
 )
 
 // Layer is one prepared overlay mount. Lower is top-most first, as overlayfs wants it.
@@ -34,11 +35,49 @@ func Dir(containerDir string, lower []string) Layer {
 	}
 }
 
+// Check refuses a layer that names directories LazyFork does not own (a layer document
+// is stage input, possibly forged): upper, work and target, which Prepare creates and
+// Teardown removes, must lie strictly inside $LAZYFORK_ROOT or $LAZYFORK_RUN and outside
+// the stores forks share (images, frozen layers, snapshots, memory-file families); lower
+// layers, mounted read-only into a container, must lie inside the state roots. Symlinks
+// that lead out are refused, not followed (paths.Within).
+func Check(l Layer) error {
+	shared := []string{paths.Images(), paths.Layers(), paths.Snapshots(), paths.Families()}
+	for _, f := range []struct{ field, dir string }{{"upper", l.Upper}, {"work", l.Work}, {"target", l.Target}} {
+		if f.dir == "" {
+			return fmt.Errorf("layer has no %s", f.field)
+		}
+		clean, err := paths.Within(f.dir, paths.Root(), paths.Run())
+		if err != nil {
+			return fmt.Errorf("layer %s: %w (pass a layer `lf-overlay prepare` printed, with its directories under %s or %s)", f.field, err, paths.Root(), paths.Run())
+		}
+		for _, d := range append(shared, paths.Containers(), filepath.Join(paths.Run(), "work"), filepath.Join(paths.Run(), "mem")) {
+			if clean == d || strings.HasPrefix(d, clean+"/") {
+				return fmt.Errorf("layer %s %s is one of LazyFork's own stores (%s): %w", f.field, clean, d, paths.ErrOutside)
+			}
+		}
+		for _, d := range shared {
+			if strings.HasPrefix(clean, d+"/") {
+				return fmt.Errorf("layer %s %s is inside %s, which forks share: %w", f.field, clean, d, paths.ErrOutside)
+			}
+		}
+	}
+	for _, d := range l.Lower {
+		if _, err := paths.InState(d); err != nil {
+			return fmt.Errorf("lower layer: %w (lower layers must be image or frozen layers under %s)", err, paths.Root())
+		}
+	}
+	return nil
+}
+
 // Prepare creates upper, work and target and mounts the overlay. On failure nothing it
-// created remains.
+// created remains. A layer Check refuses is refused before anything is made.
 func Prepare(l Layer) (retErr error) {
 	if len(l.Lower) == 0 {
 		return errors.New("prepare overlay: no lower layers")
+	}
+	if err := Check(l); err != nil {
+		return fmt.Errorf("prepare overlay: %w", err)
 	}
 	for _, d := range l.Lower {
 		if st, err := os.Stat(d); err != nil || !st.IsDir() {
@@ -94,8 +133,12 @@ func Unmount(target string) error {
 	return errors.Join(errs...)
 }
 
-// Teardown unmounts the overlay and removes upper, work and target.
+// Teardown unmounts the overlay and removes upper, work and target. A layer Check refuses
+// is refused before anything is unmounted or removed.
 func Teardown(l Layer) error {
+	if err := Check(l); err != nil {
+		return fmt.Errorf("tear down overlay: %w", err)
+	}
 	if err := Unmount(l.Target); err != nil {
 		return err
 	}

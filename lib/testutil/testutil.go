@@ -65,6 +65,11 @@ func NewRuntime(t *testing.T) *runtime.Runtime {
 		t.Fatal(err)
 	}
 	root := t.TempDir()
+	// The image store is the machine's, reached as the product reaches it: through
+	// $LAZYFORK_ROOT/images (stage input may only name paths inside the state roots).
+	if err := os.Symlink(filepath.Join(imageRoot, "images"), filepath.Join(root, "images")); err != nil {
+		t.Fatal(err)
+	}
 	t.Setenv("LAZYFORK_RUN", run)
 	t.Setenv("LAZYFORK_ROOT", root)
 	ts, err := tree.Open(filepath.Join(root, "containers"))
