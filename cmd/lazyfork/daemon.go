@@ -24,18 +24,27 @@ type daemonCmd struct {
 	Clean  daemonCleanCmd  `cmd:"" help:"Delete every stopped or exited container."`
 }
 
-type daemonRunCmd struct{}
+// groupFlag names who may use the daemon besides root (every request's peer credentials
+// are checked; see docs/api.md, "Who may connect").
+type groupFlag struct {
+	Group string `default:"lazyfork" env:"LAZYFORK_GROUP" help:"Group whose members may use the daemon besides root, if it exists (membership amounts to root: containers run as root); 'none' for root only."`
+}
 
-func (daemonRunCmd) Run(ctx context.Context, g *Globals) error {
+type daemonRunCmd struct {
+	groupFlag
+}
+
+func (c *daemonRunCmd) Run(ctx context.Context, g *Globals) error {
 	rt, err := g.open()
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	return daemon.Run(ctx, rt, daemon.Config{Socket: g.Socket, Log: log})
+	return daemon.Run(ctx, rt, daemon.Config{Socket: g.Socket, Log: log, Group: c.Group})
 }
 
 type daemonStartCmd struct {
+	groupFlag
 	Wait time.Duration `default:"30s" help:"How long to wait for the daemon to answer."`
 }
 
@@ -63,7 +72,7 @@ func (c *daemonStartCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	cmd := exec.Command(exe, "daemon", "run")
 	cmd.Env = append(os.Environ(), "LAZYFORK_ROOT="+g.Root, "LAZYFORK_RUN="+g.Run,
-		"LAZYFORK_SOCKET="+g.Socket, "LAZYFORK_CGROUP_PARENT="+g.CgroupParent)
+		"LAZYFORK_SOCKET="+g.Socket, "LAZYFORK_CGROUP_PARENT="+g.CgroupParent, "LAZYFORK_GROUP="+c.Group)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // outlives this terminal
 	if err := cmd.Start(); err != nil {

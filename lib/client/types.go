@@ -185,11 +185,13 @@ const (
 	CodeBadJSON         = "bad_json"              // 400: the body is not valid JSON
 	CodeBadRequest      = "bad_request"           // 400: wrong type, unknown or missing field, bad value
 	CodeInvalidName     = "invalid_name"          // 400
+	CodeForbidden       = "forbidden"             // 403: the client's user may not use the daemon
 	CodeNotFound        = "not_found"             // 404: no such container
 	CodeImageNotFound   = "image_not_found"       // 404
 	CodeUnknownRoute    = "unknown_route"         // 404
 	CodeMethod          = "method_not_allowed"    // 405
 	CodeAmbiguous       = "ambiguous"             // 409: an id prefix matches several containers
+	CodeTimeout         = "request_timeout"       // 408: the request body did not arrive in time
 	CodeNameInUse       = "name_in_use"           // 409
 	CodeInvalidState    = "invalid_state"         // 409: e.g. exec in a frozen or stopped container
 	CodeHookRefused     = "hook_refused"          // 409: the runtime answered ERR to QUIESCE/RESEED

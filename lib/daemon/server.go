@@ -1,10 +1,12 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -27,6 +29,14 @@ import (
 // DefaultMaxBody bounds a request body (an exec's stdin travels in it).
 const DefaultMaxBody = 8 << 20
 
+// Timeouts a connection gets unless Config says otherwise.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second // request line and headers
+	DefaultReadTimeout       = time.Minute      // headers and the whole body
+	DefaultIdleTimeout       = 2 * time.Minute  // between requests on a kept-alive connection
+	DefaultStreamWriteStall  = time.Minute      // one write of a stream (events, logs, fork progress)
+)
+
 // Config configures a daemon.
 type Config struct {
 	Socket  string       // unix socket path (client.DefaultSocket if empty)
@@ -34,6 +44,16 @@ type Config struct {
 	Log     *slog.Logger // one line per request; nil: none
 	// ShutdownTimeout bounds how long a stopping daemon waits for requests in flight.
 	ShutdownTimeout time.Duration
+	// Group names the group whose members may use the daemon besides root ("" means
+	// DefaultGroup, "none" root only). A group that does not exist allows root only.
+	// Every request's peer is checked (SO_PEERCRED), whatever the socket's mode.
+	Group string
+	// ReadHeaderTimeout, ReadTimeout and IdleTimeout bound a slow or idle client (0:
+	// the defaults above). ReadTimeout covers the request's headers and body only: once
+	// the body is in, a long operation or a stream (fork progress, events, logs, exec)
+	// runs as long as it needs. There is no WriteTimeout for the same reason; instead
+	// StreamWriteStall bounds each write of a stream to a client that stopped reading.
+	ReadHeaderTimeout, ReadTimeout, IdleTimeout, StreamWriteStall time.Duration
 }
 
 // Server serves the API of one Service.
@@ -44,6 +64,7 @@ type Server struct {
 	stopOnce sync.Once
 	stop     chan struct{} // POST /v1/shutdown
 	streams  chan struct{} // closed when the daemon stops: ends event and log streams
+	access   access        // who may use it
 }
 
 // NewServer builds the routes over svc.
@@ -54,7 +75,27 @@ func NewServer(svc *Service, cfg Config) *Server {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 2 * time.Minute
 	}
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&cfg.ReadHeaderTimeout, DefaultReadHeaderTimeout}, {&cfg.ReadTimeout, DefaultReadTimeout},
+		{&cfg.IdleTimeout, DefaultIdleTimeout}, {&cfg.StreamWriteStall, DefaultStreamWriteStall}} {
+		if *d.v <= 0 {
+			*d.v = d.def
+		}
+	}
 	s := &Server{svc: svc, cfg: cfg, mux: http.NewServeMux(), stop: make(chan struct{}), streams: make(chan struct{})}
+	group := cfg.Group
+	if group == "" {
+		group = DefaultGroup
+	}
+	if group != "none" {
+		a, err := lookupAccess(group)
+		if err != nil && cfg.Log != nil {
+			cfg.Log.Warn("allowed group not resolved: root only", "group", group, "err", err)
+		}
+		s.access = a
+	}
 	routes := map[string]http.HandlerFunc{
 		"GET /v1/ping":                     s.ping,
 		"GET /v1/status":                   s.status,
@@ -83,10 +124,15 @@ func NewServer(svc *Service, cfg Config) *Server {
 }
 
 // Handler is the API with JSON answers for unknown routes and methods, and request logs.
+// Every request is first checked against its connection's peer credentials, and its
+// body is read whole (bounded in size and, by ReadTimeout, in time) before the route runs.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		begin := time.Now()
 		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
+		if !s.allowPeer(rec, r) || !s.readBody(rec, r) {
+			return
+		}
 		if _, pattern := s.mux.Handler(r); pattern != "" {
 			s.mux.ServeHTTP(rec, r)
 		} else {
@@ -96,6 +142,75 @@ func (s *Server) Handler() http.Handler {
 			s.cfg.Log.Info("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "ms", time.Since(begin).Milliseconds())
 		}
 	})
+}
+
+// allowPeer answers 403 (and logs who) unless the peer is root or in the allowed group.
+func (s *Server) allowPeer(w http.ResponseWriter, r *http.Request) bool {
+	p, err := peerFrom(r.Context())
+	if err == nil && s.access.allows(p) {
+		return true
+	}
+	if err != nil {
+		writeError(w, client.Errorf(http.StatusForbidden, client.CodeForbidden, "cannot identify the client (%v): refused", err))
+		if s.cfg.Log != nil {
+			s.cfg.Log.Warn("refused client", "err", err, "method", r.Method, "path", r.URL.Path)
+		}
+		return false
+	}
+	writeError(w, client.Errorf(http.StatusForbidden, client.CodeForbidden,
+		"uid %d (gid %d) may not use the LazyFork daemon: it allows %s; ask an administrator to add you to that group, or use sudo", p.Uid, p.Gid, s.access.describe()))
+	if s.cfg.Log != nil {
+		s.cfg.Log.Warn("refused client", "uid", p.Uid, "gid", p.Gid, "groups", p.Groups, "pid", p.Pid, "method", r.Method, "path", r.URL.Path, "allowed", s.access.describe())
+	}
+	return false
+}
+
+// readBody reads the whole request body (up to MaxBody+1 bytes, so decodeBody still sees
+// one that is too large) while the server's ReadTimeout runs, then lifts the read
+// deadline: an operation or a stream may then take as long as it needs, and a client that
+// hangs up is still noticed.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) bool {
+	rc := http.NewResponseController(w)
+	if r.Body != nil && r.Body != http.NoBody {
+		b, err := io.ReadAll(io.LimitReader(r.Body, s.cfg.MaxBody+1))
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				writeError(w, client.Errorf(http.StatusRequestTimeout, client.CodeTimeout, "request body not received within %v", s.cfg.ReadTimeout))
+			} else {
+				writeError(w, client.Errorf(http.StatusBadRequest, client.CodeBadRequest, "read request body: %v", err))
+			}
+			return false
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	return true
+}
+
+// stallGuard bounds each write of a stream: a client that stops reading (its socket
+// buffer full) loses the stream after StreamWriteStall instead of holding it forever.
+type stallGuard struct {
+	w     http.ResponseWriter
+	rc    *http.ResponseController
+	stall time.Duration
+}
+
+func (s *Server) guardStream(w http.ResponseWriter) *stallGuard {
+	return &stallGuard{w: w, rc: http.NewResponseController(w), stall: s.cfg.StreamWriteStall}
+}
+
+func (g *stallGuard) Write(p []byte) (int, error) {
+	_ = g.rc.SetWriteDeadline(time.Now().Add(g.stall))
+	return g.w.Write(p)
+}
+
+// done lifts the write deadline, so a kept-alive connection's next answer has none.
+func (g *stallGuard) done() { _ = g.rc.SetWriteDeadline(time.Time{}) }
+
+func (g *stallGuard) Flush() {
+	_ = g.rc.SetWriteDeadline(time.Now().Add(g.stall))
+	_ = g.rc.Flush()
 }
 
 func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
@@ -212,14 +327,14 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	var mu sync.Mutex
-	enc := json.NewEncoder(w)
+	gw := s.guardStream(w)
+	defer gw.done()
+	enc := json.NewEncoder(gw)
 	emit := func(p client.ForkProgress) {
 		mu.Lock()
 		defer mu.Unlock()
 		_ = enc.Encode(p)
-		if f, ok := w.(http.Flusher); ok {
-			f.Flush()
-		}
+		gw.Flush()
 	}
 	res, err := s.svc.Fork(r.Context(), ref, req, func(f client.Fork) { emit(client.ForkProgress{Fork: &f}) })
 	if err != nil {
@@ -298,7 +413,9 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 		}
 	}()
-	_ = s.svc.Logs(ctx, ref, follow == "1" || follow == "true", w)
+	gw := s.guardStream(w)
+	defer gw.done()
+	_ = s.svc.Logs(ctx, ref, follow == "1" || follow == "true", gw)
 }
 
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
@@ -306,13 +423,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
-	flush := func() {
-		if f, ok := w.(http.Flusher); ok {
-			f.Flush()
-		}
-	}
+	gw := s.guardStream(w)
+	defer gw.done()
+	flush := gw.Flush
 	flush()
-	enc := json.NewEncoder(w)
+	enc := json.NewEncoder(gw)
 	for {
 		select {
 		case e, ok := <-ch:
@@ -369,7 +484,8 @@ func reply(w http.ResponseWriter, status int, v any, err error) {
 // Serve answers requests on l until ctx ends or a client asks for shutdown, then waits
 // (bounded) for requests in flight. Containers are never touched by stopping.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	hs := &http.Server{Handler: s.Handler(), ConnContext: withPeer,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout, IdleTimeout: s.cfg.IdleTimeout}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(l) }()
 	select {
@@ -391,18 +507,29 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 // by an flock on SOCKET.lock so that a second daemon refuses to start and a stale socket
 // from a killed one is replaced. close removes the socket.
 func Listen(socket string) (l net.Listener, closeFn func(), err error) {
-	if err := os.MkdirAll(filepath.Dir(socket), 0o700); err != nil {
-		return nil, nil, fmt.Errorf("listen on %s: %w", socket, err)
+	l, closeFn, _, err = listen(socket)
+	return l, closeFn, err
+}
+
+func socketDir(socket string) string { return filepath.Dir(socket) }
+
+// listen is Listen that also says whether it made the socket's directory.
+func listen(socket string) (l net.Listener, closeFn func(), madeDir bool, err error) {
+	if _, err := os.Lstat(socketDir(socket)); errors.Is(err, os.ErrNotExist) {
+		madeDir = true
+	}
+	if err := os.MkdirAll(socketDir(socket), 0o700); err != nil {
+		return nil, nil, false, fmt.Errorf("listen on %s: %w", socket, err)
 	}
 	lockPath := socket + ".lock"
 	lf, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return nil, nil, fmt.Errorf("listen on %s: %w", socket, err)
+		return nil, nil, false, fmt.Errorf("listen on %s: %w", socket, err)
 	}
 	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		b, _ := os.ReadFile(lockPath)
 		lf.Close()
-		return nil, nil, fmt.Errorf("a LazyFork daemon already runs on %s (pid %s): `lazyfork daemon stop` it first", socket, strings.TrimSpace(string(b)))
+		return nil, nil, false, fmt.Errorf("a LazyFork daemon already runs on %s (pid %s): `lazyfork daemon stop` it first", socket, strings.TrimSpace(string(b)))
 	}
 	defer func() {
 		if err != nil {
@@ -413,10 +540,10 @@ func Listen(socket string) (l net.Listener, closeFn func(), err error) {
 	_, _ = lf.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	if fi, err := os.Lstat(socket); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, nil, fmt.Errorf("listen on %s: it exists and is not a socket", socket)
+			return nil, nil, false, fmt.Errorf("listen on %s: it exists and is not a socket", socket)
 		}
 		if err := os.Remove(socket); err != nil { // stale: its daemon is gone (we hold the lock)
-			return nil, nil, fmt.Errorf("remove stale socket %s: %w", socket, err)
+			return nil, nil, false, fmt.Errorf("remove stale socket %s: %w", socket, err)
 		}
 	}
 	// Created 0600 from the start: no moment where another user could connect.
@@ -424,17 +551,17 @@ func Listen(socket string) (l net.Listener, closeFn func(), err error) {
 	l, err = net.Listen("unix", socket)
 	syscall.Umask(old)
 	if err != nil {
-		return nil, nil, fmt.Errorf("listen on %s: %w", socket, err)
+		return nil, nil, false, fmt.Errorf("listen on %s: %w", socket, err)
 	}
 	if err := os.Chmod(socket, 0o600); err != nil {
 		l.Close()
-		return nil, nil, fmt.Errorf("listen on %s: %w", socket, err)
+		return nil, nil, false, fmt.Errorf("listen on %s: %w", socket, err)
 	}
 	return l, func() {
 		l.Close()
 		_ = os.Remove(socket)
 		lf.Close()
-	}, nil
+	}, madeDir, nil
 }
 
 // Run is `lazyfork daemon run`: it cleans what a killed predecessor left half-done,
@@ -443,11 +570,15 @@ func Run(ctx context.Context, rt *runtime.Runtime, cfg Config) error {
 	if cfg.Socket == "" {
 		cfg.Socket = client.DefaultSocket
 	}
-	l, closeFn, err := Listen(cfg.Socket)
+	l, closeFn, madeDir, err := listen(cfg.Socket)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
+	srv := NewServer(nil, cfg)
+	if err := srv.access.openSocketTo(cfg.Socket, madeDir); err != nil {
+		return err
+	}
 	// Nothing else to rebuild: every request reads the tree and the live processes.
 	if err := fork.GC(rt); err != nil && cfg.Log != nil {
 		cfg.Log.Warn("gc at start", "err", err)
@@ -457,9 +588,10 @@ func Run(ctx context.Context, rt *runtime.Runtime, cfg Config) error {
 	svc.Daemon = &client.DaemonInfo{Version: Version, Pid: os.Getpid(), Socket: cfg.Socket,
 		Started: time.Now().UTC(), Root: paths.Root(), Run: paths.Run()}
 	if cfg.Log != nil {
-		cfg.Log.Info("listening", "socket", cfg.Socket, "pid", os.Getpid(), "root", paths.Root(), "run", paths.Run())
+		cfg.Log.Info("listening", "socket", cfg.Socket, "pid", os.Getpid(), "root", paths.Root(), "run", paths.Run(), "allowed", srv.access.describe())
 	}
-	err = NewServer(svc, cfg).Serve(ctx, l)
+	srv.svc = svc
+	err = srv.Serve(ctx, l)
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
