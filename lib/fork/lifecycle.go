@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -110,7 +111,7 @@ func Stop(ctx context.Context, rt *runtime.Runtime, c *tree.Container) (*stage.S
 // root is unmounted (the upper stays), and the snapshot becomes what it restarts from.
 func MarkStopped(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) error {
 	var errs []error
-	if cg, err := runtime.Cgroup(c); err == nil {
+	if cg, err := cgroup.LoadOwned(c.Cgroup); err == nil {
 		errs = append(errs, cg.Kill(), cg.Remove())
 	}
 	errs = append(errs, overlay.Unmount(c.RootFS))
@@ -147,7 +148,7 @@ func resume(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stag
 	saved := *c
 	defer func() {
 		if retErr != nil {
-			if cg, err := runtime.Cgroup(c); err == nil {
+			if cg, err := cgroup.LoadOwned(c.Cgroup); err == nil {
 				_ = cg.Kill()
 				_ = cg.Remove()
 			}
