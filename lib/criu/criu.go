@@ -35,6 +35,9 @@ type DumpResult struct {
 	PagesSkippedParent uint64        `json:"pages_skipped_parent"`
 	PagesWritten       uint64        `json:"pages_written"`
 	KdatCache          bool          `json:"kdat_cache"` // criu ran with the probe cache
+	// FrozenBy says how the tree was stopped: "cgroup" (the freezer) or "ptrace" (CRIU
+	// seizing each task; used when a task was already stopped, which the freezer cannot take).
+	FrozenBy string `json:"frozen_by"`
 }
 
 // RestoreResult is the restored tree's root and what the restore measured. Times come from
@@ -80,9 +83,31 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dump: %w", err)
 	}
+	frozenBy := "cgroup"
+	if o.FreezeCgroup == "" {
+		frozenBy = "ptrace"
+	} else if tid, comm := stoppedTask(o.FreezeCgroup); tid != 0 {
+		// See stoppedTask: freezing the group would hang the dump on this task.
+		opts.FreezeCgroup = nil
+		frozenBy = fmt.Sprintf("ptrace (task %d %q is stopped)", tid, comm)
+	}
 	kdat := o.KdatDir
 	if kdat != "" && sharesMountNS(o.Pid) {
 		kdat = ""
+	}
+	if dir := opts.GetFreezeCgroup(); dir != "" {
+		// A cancelled or timed-out dump must never leave the tree frozen, and criu can only
+		// be killed once it leaves an uninterruptible wait on a frozen task: thaw at once,
+		// not after criu exits.
+		finished := make(chan struct{})
+		defer close(finished)
+		go func() {
+			select {
+			case <-ctx.Done():
+				thaw(dir)
+			case <-finished:
+			}
+		}()
 	}
 	t := rpc.CriuReqType_DUMP
 	res, err := swrk(ctx, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, nil, o.Notify)
@@ -94,7 +119,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		}
 		return nil, callError("dump", res, logPath, err)
 	}
-	r := &DumpResult{LogPath: logPath, Wall: time.Since(begin), KdatCache: res.kdat}
+	r := &DumpResult{LogPath: logPath, Wall: time.Since(begin), KdatCache: res.kdat, FrozenBy: frozenBy}
 	if st, err := readStats(filepath.Join(workDir, "stats-dump")); err == nil && st.GetDump() != nil {
 		d := st.GetDump()
 		r.Freezing = usec(d.GetFreezingTime())

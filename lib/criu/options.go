@@ -13,6 +13,10 @@ import (
 // DefaultTimeout bounds a call whose context has no deadline and whose Timeout is zero.
 const DefaultTimeout = 60 * time.Second
 
+// DefaultGhostLimit is the largest open file whose every name was removed (a temporary file,
+// tempfile.TemporaryFile) that a dump carries in the image; CRIU's own default is 1 MiB.
+const DefaultGhostLimit = 64 << 20
+
 // DefaultLogLevel is CRIU's debug level (-v4): the log then gives context around errors and
 // names the restored root's PID, which Restore needs to clean up after an early failure.
 const DefaultLogLevel = 4
@@ -100,13 +104,15 @@ type DumpOptions struct {
 	ExternalMounts map[string]string
 	CgroupMode     CgroupMode
 	NetworkLock    NetworkLock
-	FileLocks      bool
-	GhostLimit     uint32 // largest deleted-but-open file to carry in the image; 0: CRIU's 1 MiB
-	LogFile        string // name in WorkDir; "" means "dump.log"
-	LogLevel       int    // 0 means DefaultLogLevel
-	Timeout        time.Duration
-	KdatDir        string // tmpfs directory for criu's kernel probe cache; "" disables it
-	Notify         NotifyFunc
+	// File locks are dumped unless this is set: SQLite, apt, pip and databases hold them,
+	// and without it CRIU refuses any tree that holds one.
+	SkipFileLocks bool
+	GhostLimit    uint32 // largest deleted-but-open file to carry in the image; 0: DefaultGhostLimit
+	LogFile       string // name in WorkDir; "" means "dump.log"
+	LogLevel      int    // 0 means DefaultLogLevel
+	Timeout       time.Duration
+	KdatDir       string // tmpfs directory for criu's kernel probe cache; "" disables it
+	Notify        NotifyFunc
 }
 
 // RestoreOptions describe one restore.
@@ -124,7 +130,6 @@ type RestoreOptions struct {
 	CgroupYard  string
 	CgroupMode  CgroupMode
 	NetworkLock NetworkLock
-	FileLocks   bool
 	// ExternalMounts maps the keys declared at dump time to host paths
 	// (e.g. "lfmem" -> "/dev/shm/lazyfork/families/f1").
 	ExternalMounts map[string]string
@@ -156,13 +161,18 @@ func (o *DumpOptions) criuOpts(imagesFd, workFd int) (*rpc.CriuOpts, error) {
 		return nil, err
 	}
 	opts := &rpc.CriuOpts{
-		ImagesDirFd:       proto.Int32(int32(imagesFd)),
-		WorkDirFd:         proto.Int32(int32(workFd)),
-		Pid:               proto.Int32(int32(o.Pid)),
-		LeaveRunning:      proto.Bool(o.LeaveRunning),
-		ShellJob:          proto.Bool(false),
-		TcpEstablished:    proto.Bool(false),
-		FileLocks:         proto.Bool(o.FileLocks),
+		ImagesDirFd:    proto.Int32(int32(imagesFd)),
+		WorkDirFd:      proto.Int32(int32(workFd)),
+		Pid:            proto.Int32(int32(o.Pid)),
+		LeaveRunning:   proto.Bool(o.LeaveRunning),
+		ShellJob:       proto.Bool(false),
+		TcpEstablished: proto.Bool(false),
+		FileLocks:      proto.Bool(!o.SkipFileLocks),
+		// A file open under a name that was since removed while other links remain gets a
+		// temporary link in the tree's own file system, so it is restored (the frozen upper
+		// layer is copied after CRIU made it).
+		LinkRemap:         proto.Bool(true),
+		GhostLimit:        proto.Uint32(DefaultGhostLimit),
 		LogFile:           proto.String(orDefault(o.LogFile, "dump.log")),
 		LogLevel:          proto.Int32(int32(logLevel(o.LogLevel))),
 		ManageCgroupsMode: &cg,
@@ -195,12 +205,13 @@ func (o *RestoreOptions) criuOpts(imagesFd, workFd int, yard string) (*rpc.CriuO
 		return nil, err
 	}
 	opts := &rpc.CriuOpts{
-		ImagesDirFd:       proto.Int32(int32(imagesFd)),
-		WorkDirFd:         proto.Int32(int32(workFd)),
-		RstSibling:        proto.Bool(true),
-		ShellJob:          proto.Bool(false),
-		TcpEstablished:    proto.Bool(false),
-		FileLocks:         proto.Bool(o.FileLocks),
+		ImagesDirFd:    proto.Int32(int32(imagesFd)),
+		WorkDirFd:      proto.Int32(int32(workFd)),
+		RstSibling:     proto.Bool(true),
+		ShellJob:       proto.Bool(false),
+		TcpEstablished: proto.Bool(false),
+		// Harmless when the image holds no lock; needed when it does.
+		FileLocks:         proto.Bool(true),
 		LogFile:           proto.String(orDefault(o.LogFile, "restore.log")),
 		LogLevel:          proto.Int32(int32(logLevel(o.LogLevel))),
 		ManageCgroupsMode: &cg,

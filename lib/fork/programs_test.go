@@ -1,0 +1,116 @@
+package fork_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/testutil"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// What everyday programs hold forks by default: file locks (flock and POSIX), a temporary
+// file with no name (tempfile.TemporaryFile), a file opened and then unlinked.
+func TestForkFileLocksAndUnlinkedFiles(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import fcntl, os, tempfile, time, itertools
+f = open("/tmp/flock", "w"); fcntl.flock(f, fcntl.LOCK_EX)
+g = open("/tmp/posix", "w"); fcntl.lockf(g, fcntl.LOCK_EX)
+tf = tempfile.TemporaryFile(); tf.write(b"tmp-" * 100000); tf.flush()
+n = open("/tmp/named", "w+"); n.write("named"); n.flush(); os.unlink("/tmp/named")
+for i in itertools.count():
+    tf.seek(0); n.seek(0)
+    print(i, tf.read(4).decode(), n.read(), flush=True)
+    time.sleep(0.1)
+`
+	src := create(t, rt, "locks", "python3", "-c", py)
+	testutil.Eventually(t, 10*time.Second, "the program to take its locks", func() bool { return len(lines(src)) > 3 })
+	f := doFork(t, rt, src, 1)[0]
+	n := len(lines(f))
+	testutil.Eventually(t, 10*time.Second, "the fork to go on", func() bool { return len(lines(f)) > n+5 })
+	l := lines(f)
+	if last := l[len(l)-1]; !strings.HasSuffix(last, " tmp- named") {
+		t.Errorf("fork's last line %q: the unnamed and unlinked files did not come back", last)
+	}
+	// The fork holds both locks itself (pid 1 in its namespace), as the source does.
+	locks := execOut(t, rt, f, "cat", "/proc/locks")
+	if !strings.Contains(locks, "FLOCK") || !strings.Contains(locks, "POSIX") {
+		t.Errorf("fork's /proc/locks:\n%s", locks)
+	}
+	if got := lastLine(src); strings.HasSuffix(got, " tmp- named") == false {
+		t.Errorf("source's last line %q", got)
+	}
+}
+
+// A stopped task (SIGSTOP) forks at once and stays stopped in the fork. The dump used to
+// hang on it in the frozen cgroup until its deadline, and left the source frozen.
+func TestForkStoppedTask(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import subprocess, os, signal, time, itertools
+p = subprocess.Popen(["sleep", "1000"]); time.sleep(0.2); os.kill(p.pid, signal.SIGSTOP)
+for i in itertools.count():
+    print(i, flush=True); time.sleep(0.1)
+`
+	src := create(t, rt, "stopped", "python3", "-c", py)
+	testutil.Eventually(t, 10*time.Second, "the child to be stopped", func() bool {
+		return strings.Contains(tryExec(rt, src, "ps", "-o", "stat=,comm=", "-e"), "T    sleep")
+	})
+	// Far below the dump deadline: a hang fails here rather than after two minutes.
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	forks, _, err := fork.Fork(cctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
+	if err != nil {
+		t.Fatalf("fork of a tree holding a stopped task: %v", err)
+	}
+	f, err := rt.Tree.Get(forks[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps := execOut(t, rt, f, "ps", "-o", "stat=,comm=", "-e"); !strings.Contains(ps, "T    sleep") {
+		t.Errorf("the fork's sleep is not stopped:\n%s", ps)
+	}
+	n := len(lines(src))
+	testutil.Eventually(t, 10*time.Second, "the source to go on", func() bool { return len(lines(src)) > n+3 })
+}
+
+// A dump cancelled half way (a client that went away, Ctrl-C, SIGTERM) leaves the source
+// running, never frozen.
+func TestCancelledDumpLeavesSourceRunning(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = "import os, time, itertools\nheap = bytearray(os.urandom(1 << 20)) * 128\nfor i in itertools.count():\n    print(i, flush=True); time.sleep(0.1)\n"
+	src := create(t, rt, "cancelled", "python3", "-c", py)
+	testutil.Eventually(t, 20*time.Second, "the heap to be filled", func() bool { return len(lines(src)) > 2 })
+	cancelled := 0
+	for _, after := range []time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 60 * time.Millisecond, 120 * time.Millisecond} {
+		cctx, cancel := context.WithTimeout(ctx, after)
+		_, _, err := fork.Fork(cctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
+		cancel()
+		if err == nil {
+			continue // the machine was fast enough: nothing to check for this delay
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("fork cancelled after %v: %v, want a deadline error", after, err)
+		}
+		cancelled++
+		if st := rt.State(src); st != tree.StateRunning {
+			t.Fatalf("after a fork cancelled at %v the source is %s", after, st)
+		}
+		n := len(lines(src))
+		testutil.Eventually(t, 10*time.Second, "the source to go on counting", func() bool { return len(lines(src)) > n+2 })
+	}
+	if cancelled == 0 {
+		t.Fatal("no fork was cancelled mid-way: the delays are too long for this machine")
+	}
+	t.Logf("%d of 4 forks cancelled mid-way; the source ran on after each", cancelled)
+}
+
+func lastLine(c *tree.Container) string {
+	b, _ := os.ReadFile(runtime.LogPath(c))
+	l := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return l[len(l)-1]
+}
