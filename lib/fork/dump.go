@@ -98,6 +98,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		Family:      c.Family,
 		Layer:       filepath.Join(LayersDir(), id),
 		Image:       c.Image, Command: c.Command, Env: c.Env, WorkingDir: c.WorkingDir, Hook: c.Hook,
+		Confine: c.Confine, Memory: c.Memory, PidsLimit: c.PidsLimit,
 	}
 	if s.Family == "" {
 		s.Family = id // a root container's first generation of forks starts a family

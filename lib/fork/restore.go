@@ -95,6 +95,7 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 	// One reservation for the whole batch: the names are checked against the store once.
 	forks, err := rt.ReserveN(o.N, o.Names, func(c *tree.Container) error {
 		c.Image, c.Command, c.Env, c.WorkingDir, c.Hook = s.Image, s.Command, s.Env, s.WorkingDir, s.Hook
+		c.Confine, c.Memory, c.PidsLimit = s.Confine, s.Memory, s.PidsLimit
 		c.Parent, c.Depth = s.Source.ID, s.Source.Depth+1
 		c.Lower = s.Lower
 		c.Family, c.MemDir = s.Family, s.FamilyDir
@@ -207,6 +208,9 @@ func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage
 		return fmt.Errorf("fork %s: %w", c.ID, err)
 	}
 	c.Cgroup, c.CgroupV2 = cg.Paths, cg.V2
+	if err := cg.SetLimits(runtime.Limits(c)); err != nil {
+		return fmt.Errorf("fork %s: %w", c.ID, err)
+	}
 	work := filepath.Join(paths.Run(), "work", c.ID)
 	defer fsutil.RemoveAll(work)
 	res, err := criu.Restore(ctx, criu.RestoreOptions{

@@ -247,11 +247,12 @@ func protectProc() error {
 			}
 			return fmt.Errorf("mask %s: %w", p, err)
 		}
-		src := "/dev/null"
+		// Not nodev: /dev/null must stay readable there (reads give nothing).
+		src, flags := "/dev/null", uintptr(unix.MS_NOSUID|unix.MS_NOEXEC)
 		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			src = emptyDir
+			src, flags = emptyDir, procFlags
 		}
-		if err := bindReadOnly(src, p, procFlags); err != nil {
+		if err := bindReadOnly(src, p, flags); err != nil {
 			return fmt.Errorf("mask %s: %w", p, err)
 		}
 	}

@@ -169,7 +169,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		return nil, err
 	}
 	cleanup.push(func() error { _ = cg.Kill(); return cg.Remove() })
-	if err := cg.SetLimits(cgroup.Limits{Memory: o.Memory, Pids: o.PidsLimit, Devices: !o.Privileged}); err != nil {
+	if err := cg.SetLimits(Limits(c)); err != nil {
 		return nil, err
 	}
 
@@ -379,6 +379,12 @@ func Alive(c *tree.Container) bool {
 	}
 	st, err := StartTime(c.Pid)
 	return err == nil && st == c.StartTime
+}
+
+// Limits are the cgroup limits and device list of c's processes, for its own group and
+// each fork's (CRIU does not copy limits into a group it did not create).
+func Limits(c *tree.Container) cgroup.Limits {
+	return cgroup.Limits{Memory: c.Memory, Pids: c.PidsLimit, Devices: !c.ConfineProfile().Privileged}
 }
 
 // Cgroup loads the container's cgroup.

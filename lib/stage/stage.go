@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/lazyfork/lazyfork/lib/confine"
 )
 
 const (
@@ -64,6 +66,12 @@ type Snapshot struct {
 	Env        []string `json:"env,omitempty"`
 	WorkingDir string   `json:"working_dir,omitempty"`
 	Hook       string   `json:"hook,omitempty"`
+	// Confine and the limits are the source's: each fork's record gets them and its
+	// cgroup is given the limits again (CRIU restores capabilities, no_new_privs and
+	// the seccomp filter from the image, but not limits into a group it did not create).
+	Confine   *confine.Profile `json:"confine,omitempty"`
+	Memory    int64            `json:"memory,omitempty"`
+	PidsLimit int64            `json:"pids_limit,omitempty"`
 
 	Dump    DumpStats     `json:"dump"`
 	Memfile *MemfileStats `json:"memfile,omitempty"`
