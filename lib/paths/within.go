@@ -104,18 +104,22 @@ func below(dir, p string) (string, bool) {
 }
 
 // checkComponents lstats each component of rel under base, stopping at the first that
-// does not exist (nothing below it can be a link yet).
+// does not exist (nothing below it can be a link yet). A symlink must resolve to a root or
+// to something inside one; then the whole path, resolved, must be strictly inside a root.
 func checkComponents(base, rel string, rs []root) error {
 	cur := base
-	for _, part := range strings.Split(rel, "/") {
+	parts := strings.Split(rel, "/")
+	existing := base
+	for _, part := range parts {
 		cur = filepath.Join(cur, part)
 		fi, err := os.Lstat(cur)
 		if errors.Is(err, os.ErrNotExist) {
-			return nil
+			break
 		}
 		if err != nil {
 			return fmt.Errorf("check %s: %w", cur, err)
 		}
+		existing = cur
 		if fi.Mode()&os.ModeSymlink == 0 {
 			continue
 		}
@@ -123,18 +127,31 @@ func checkComponents(base, rel string, rs []root) error {
 		if err != nil {
 			return fmt.Errorf("path %s is a symlink that does not resolve (%v): refusing it (%w)", cur, err, ErrOutside)
 		}
-		inside := false
-		for _, r := range rs {
-			if _, ok := below(r.real, target); ok {
-				inside = true
-				break
-			}
-		}
-		if !inside {
+		if !insideOrAt(target, rs) {
 			return fmt.Errorf("path %s is a symlink to %s, %w: refusing to follow it", cur, target, ErrOutside)
 		}
 	}
-	return nil
+	resolved, err := filepath.EvalSymlinks(existing)
+	if err != nil {
+		return fmt.Errorf("check %s: %w", existing, err)
+	}
+	rest, _ := filepath.Rel(existing, filepath.Join(base, rel))
+	resolved = filepath.Join(resolved, rest)
+	for _, r := range rs {
+		if _, ok := below(r.real, resolved); ok {
+			return nil
+		}
+	}
+	return fmt.Errorf("path %s resolves to %s, which is not strictly inside a root: %w", filepath.Join(base, rel), resolved, ErrOutside)
+}
+
+func insideOrAt(p string, rs []root) bool {
+	for _, r := range rs {
+		if _, ok := below(r.real, p); ok || p == r.real {
+			return true
+		}
+	}
+	return false
 }
 
 // Layers holds the frozen upper layers forks stack on (persistent root).
