@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,6 +24,11 @@ type createCmd struct {
 	Env     []string `short:"e" help:"Environment variable KEY=VALUE (repeatable)."`
 	Hook    string   `help:"Path of a unix socket inside the container on which the workload answers QUIESCE and RESEED (see lazyfork/hook.py); also given to it as $LAZYFORK_HOOK."`
 	JSON    bool     `help:"Print the container as JSON."`
+
+	User       string `short:"u" help:"User to run as: uid[:gid] or names from the image's /etc/passwd and /etc/group (default: the image's User, else root)."`
+	Memory     string `short:"m" help:"Memory limit of the container and each fork, in bytes with an optional k, m or g suffix (e.g. 512m)."`
+	PidsLimit  int64  `name:"pids-limit" help:"Most tasks (threads) the container and each fork may hold."`
+	Privileged bool   `help:"Run without confinement: every capability, no seccomp filter, no masked /proc paths, no device list (see docs/security.md)."`
 }
 
 func (c *createCmd) Run(ctx context.Context, g *Globals) error {
@@ -30,7 +36,15 @@ func (c *createCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	in, err := e.Create(ctx, client.CreateRequest{Image: c.Image, Name: c.Name, Command: dashdash(c.Command), Env: c.Env, Hook: c.Hook}, os.Stderr)
+	mem, err := parseBytes(c.Memory)
+	if err != nil {
+		return err
+	}
+	if c.PidsLimit < 0 {
+		return fmt.Errorf("--pids-limit %d: give a positive number of tasks", c.PidsLimit)
+	}
+	in, err := e.Create(ctx, client.CreateRequest{Image: c.Image, Name: c.Name, Command: dashdash(c.Command), Env: c.Env, Hook: c.Hook,
+		User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged}, os.Stderr)
 	if err != nil {
 		return err
 	}
@@ -39,6 +53,26 @@ func (c *createCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	fmt.Println(in.ID)
 	return nil
+}
+
+// parseBytes reads a --memory value: bytes, or a number with a k, m or g suffix
+// (powers of 1024). "" is no limit.
+func parseBytes(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	num, mult := strings.ToLower(s), int64(1)
+	for suffix, m := range map[string]int64{"k": 1 << 10, "m": 1 << 20, "g": 1 << 30} {
+		if t, ok := strings.CutSuffix(num, suffix); ok {
+			num, mult = t, m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("--memory %q: give a positive size in bytes or with a k, m or g suffix, e.g. 512m", s)
+	}
+	return n * mult, nil
 }
 
 // dashdash drops the "--" that separates a command from lazyfork's own flags.

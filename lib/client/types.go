@@ -42,6 +42,13 @@ type CreateRequest struct {
 	// Hook is the path of a unix socket inside the container on which the workload
 	// answers QUIESCE and RESEED (see docs/api.md). The container gets LAZYFORK_HOOK=Hook.
 	Hook string `json:"hook,omitempty"`
+	// User overrides the image's User ("uid[:gid]" or names from the image's files).
+	User string `json:"user,omitempty"`
+	// Memory (bytes) and PidsLimit cap the container and its forks; 0: no limit.
+	Memory    int64 `json:"memory,omitempty"`
+	PidsLimit int64 `json:"pids_limit,omitempty"`
+	// Privileged opts out of confinement (docs/security.md).
+	Privileged bool `json:"privileged,omitempty"`
 }
 
 // HookOptions choose what happens when a runtime hook does not answer.

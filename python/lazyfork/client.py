@@ -157,9 +157,19 @@ class Client:
         """A handle on a container by name, id or unique id prefix (nothing is asked yet)."""
         return Container(self, ref)
 
-    def create(self, image, command=None, name=None, env=None, hook=None):
-        """Create and start a container; returns its handle."""
+    def create(self, image, command=None, name=None, env=None, hook=None,
+               user=None, memory=None, pids_limit=None, privileged=False):
+        """Create and start a container; returns its handle. memory is in bytes;
+        privileged=True opts out of confinement (docs/security.md)."""
         body = {"image": image}
+        if user is not None:
+            body["user"] = user
+        if memory is not None:
+            body["memory"] = int(memory)
+        if pids_limit is not None:
+            body["pids_limit"] = int(pids_limit)
+        if privileged:
+            body["privileged"] = True
         if command is not None:
             body["command"] = list(command)
         if name is not None:
