@@ -83,6 +83,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dump: %w", err)
 	}
+	opts.IrmapScanPaths = irmapHints(treePids(o.Pid, o.FreezeCgroup))
 	frozenBy := "cgroup"
 	if o.FreezeCgroup == "" {
 		frozenBy = "ptrace"

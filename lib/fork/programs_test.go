@@ -114,3 +114,36 @@ func lastLine(c *tree.Container) string {
 	l := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return l[len(l)-1]
 }
+
+// An inotify watch on a directory of the container's own file system forks, and it still
+// reports events in the fork. CRIU must find the watched directory by path (overlayfs file
+// handles cannot be reopened), and searched only /etc and a few others.
+func TestForkInotifyWatch(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import ctypes, os, select, struct, itertools
+libc = ctypes.CDLL(None, use_errno=True)
+os.makedirs("/srv/app/in", exist_ok=True)
+fd = libc.inotify_init1(0)
+assert libc.inotify_add_watch(fd, b"/srv/app/in", 0x100) > 0  # IN_CREATE
+assert libc.inotify_add_watch(fd, b"/tmp", 0x100) > 0
+for i in itertools.count():
+    r, _, _ = select.select([fd], [], [], 0.1)
+    if r:
+        buf = os.read(fd, 4096)
+        wd, mask, cookie, n = struct.unpack_from("iIII", buf)
+        print("event", buf[16:16 + n].rstrip(b"\0").decode(), flush=True)
+    else:
+        print(i, flush=True)
+`
+	src := create(t, rt, "inotify", "python3", "-c", py)
+	testutil.Eventually(t, 10*time.Second, "the watches to be set", func() bool { return len(lines(src)) > 3 })
+	f := doFork(t, rt, src, 1)[0]
+	execOut(t, rt, f, "touch", "/srv/app/in/hello-from-fork", "/tmp/tmp-from-fork")
+	testutil.Eventually(t, 10*time.Second, "the fork's watches to report", func() bool {
+		log := strings.Join(lines(f), "\n")
+		return strings.Contains(log, "event hello-from-fork") && strings.Contains(log, "event tmp-from-fork")
+	})
+	if log := strings.Join(lines(src), "\n"); strings.Contains(log, "from-fork") {
+		t.Error("the source saw the fork's file events")
+	}
+}
