@@ -31,12 +31,16 @@ func (p *Profile) ResolveUser(rootfs, spec string) error {
 		}
 		userPart = "0"
 	}
+	uid, numeric := parseID(userPart)
+	_, groupNumeric := parseID(groupPart)
+	allNumeric := numeric && (!hasGroup || groupNumeric)
+	// An image whose account files are unreadable (absent, a loop of symlinks) still
+	// runs numeric users, as Docker does; names need the files.
 	passwd, err := readInRoot(rootfs, "/etc/passwd")
-	if err != nil {
+	if err != nil && !allNumeric {
 		return err
 	}
 	name := ""
-	uid, numeric := parseID(userPart)
 	found := false
 	for _, f := range records(passwd, 7) {
 		id, ok := parseID(f[2])
@@ -56,7 +60,7 @@ func (p *Profile) ResolveUser(rootfs, spec string) error {
 		p.UID = uid
 	}
 	group, err := readInRoot(rootfs, "/etc/group")
-	if err != nil {
+	if err != nil && !allNumeric {
 		return err
 	}
 	groups := records(group, 4)

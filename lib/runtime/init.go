@@ -156,10 +156,28 @@ func setupMounts(mem int, confined bool) error {
 		if err := ensureDir(d); err != nil {
 			return fmt.Errorf("prepare %s: %w", d, err)
 		}
+		if d == "/tmp" {
+			if err := unix.Chmod(d, 0o1777); err != nil {
+				return fmt.Errorf("prepare /tmp: %w", err)
+			}
+		}
+	}
+	// These may stay links to directories of the image (/tmp -> /var/tmp); a link that
+	// leads nowhere is replaced.
+	if err := os.MkdirAll(filepath.Dir(filepath.Dir(OutputLog)), 0o755); err != nil {
+		return fmt.Errorf("prepare %s: %w", filepath.Dir(OutputLog), err)
 	}
 	for _, d := range []string{filepath.Dir(OutputLog), "/tmp"} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+			continue
+		}
+		if err := ensureDir(d); err != nil {
 			return fmt.Errorf("prepare %s: %w", d, err)
+		}
+		if d == "/tmp" {
+			if err := unix.Chmod(d, 0o1777); err != nil {
+				return fmt.Errorf("prepare /tmp: %w", err)
+			}
 		}
 	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
