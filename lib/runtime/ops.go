@@ -1,55 +1,15 @@
 package runtime
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
-
-// CgexecArg is the hidden first argument of the helper that joins a cgroup and then
-// execs the rest of its arguments; exec uses it so a command run inside a container is
-// accounted to the container.
-const CgexecArg = "__lazyfork_cgexec"
-
-// MaybeCgexec runs the cgroup-joining helper and never returns if this process is one.
-func MaybeCgexec() {
-	if len(os.Args) < 4 || os.Args[1] != CgexecArg {
-		return
-	}
-	var paths map[string]string
-	if err := json.Unmarshal([]byte(os.Args[2]), &paths); err != nil {
-		fmt.Fprintf(os.Stderr, "lazyfork: join cgroup: %v\n", err)
-		os.Exit(126)
-	}
-	cg, err := cgroup.Load(paths)
-	if err == nil {
-		err = cg.AddProc(os.Getpid())
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "lazyfork: join cgroup: %v\n", err)
-		os.Exit(126)
-	}
-	path, err := exec.LookPath(os.Args[3])
-	if err == nil {
-		err = unix.Exec(path, os.Args[3:], os.Environ())
-	}
-	fmt.Fprintf(os.Stderr, "lazyfork: exec %s: %v\n", os.Args[3], err)
-	os.Exit(126)
-}
 
 // ExecOptions describe a command run inside a running container.
 type ExecOptions struct {
@@ -60,6 +20,10 @@ type ExecOptions struct {
 	Stdout  io.Writer // nil: captured into the result
 	Stderr  io.Writer // nil: captured into the result
 	Timeout time.Duration
+	// MaxOutput bounds each captured stream (0: MaxExecOutput); over it, the command is
+	// killed and Exec fails with ErrExecOutputLimit. Streams given as writers are not
+	// bounded.
+	MaxOutput int
 }
 
 // ExecResult is what exec returns (its JSON form is the --json output).
@@ -67,57 +31,6 @@ type ExecResult struct {
 	Stdout   string `json:"stdout"`
 	Stderr   string `json:"stderr"`
 	ExitCode int    `json:"exit_code"`
-}
-
-// Exec runs a command in the container's namespaces, root and cgroup.
-func (r *Runtime) Exec(ctx context.Context, c *tree.Container, o ExecOptions) (*ExecResult, error) {
-	if len(o.Args) == 0 {
-		return nil, errors.New("exec: no command given: add `-- COMMAND [ARGS...]`")
-	}
-	if err := r.requireRunning(c); err != nil {
-		return nil, err
-	}
-	if o.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
-		defer cancel()
-	}
-	cgJSON, _ := json.Marshal(c.Cgroup)
-	exe := r.Exe
-	if exe == "" {
-		exe = "/proc/self/exe"
-	}
-	wd := "--wd"
-	if o.Cwd != "" {
-		wd = "--wdns=" + o.Cwd
-	}
-	argv := []string{CgexecArg, string(cgJSON), "nsenter", "-t", fmt.Sprint(c.Pid), "-m", "-u", "-i", "-p", "-r", wd, "--"}
-	argv = append(argv, o.Args...)
-	cmd := exec.CommandContext(ctx, exe, argv...)
-	cmd.Env = mergeEnv(c.Env, o.Env)
-	cmd.Stdin = o.Stdin
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if o.Stdout != nil {
-		cmd.Stdout = o.Stdout
-	}
-	if o.Stderr != nil {
-		cmd.Stderr = o.Stderr
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd.WaitDelay = 2 * time.Second
-	err := cmd.Run()
-	res := &ExecResult{Stdout: stdout.String(), Stderr: stderr.String()}
-	var exitErr *exec.ExitError
-	switch {
-	case ctx.Err() != nil:
-		return res, fmt.Errorf("exec in %s: %w", displayName(c), ctx.Err())
-	case errors.As(err, &exitErr):
-		res.ExitCode = exitErr.ExitCode()
-	case err != nil:
-		return res, fmt.Errorf("exec in %s: %w", displayName(c), err)
-	}
-	return res, nil
 }
 
 func (r *Runtime) requireRunning(c *tree.Container) error {

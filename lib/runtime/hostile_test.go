@@ -1,0 +1,292 @@
+package runtime_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/lazyfork/lazyfork/lib/image"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/testutil"
+)
+
+// layerFile is one entry of a layer a test builds.
+type layerFile struct {
+	name string
+	body []byte
+	mode int64
+	link string // symlink target
+	dir  bool
+}
+
+// busyboxLayout writes an OCI layout of a one-layer image: the host's static busybox as
+// /bin/sh and friends, plus files, with the given config environment. It returns the
+// layout directory (a path `lazyfork create` takes).
+func busyboxLayout(t *testing.T, env []string, files ...layerFile) string {
+	t.Helper()
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatal("needs busybox-static on the host: run `make setup`")
+	}
+	all := []layerFile{{name: "bin/", dir: true}, {name: "bin/busybox", body: bb, mode: 0o755}, {name: "tmp/", dir: true}}
+	for _, l := range []string{"sh", "echo", "sleep", "cat", "hostname", "head", "ls", "env", "test", "readlink"} {
+		all = append(all, layerFile{name: "bin/" + l, link: "busybox"})
+	}
+	all = append(all, files...)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range all {
+		h := &tar.Header{Name: f.name, Mode: f.mode, Size: int64(len(f.body)), Typeflag: tar.TypeReg}
+		switch {
+		case f.dir:
+			h.Typeflag, h.Mode = tar.TypeDir, 0o755
+		case f.link != "":
+			h.Typeflag, h.Linkname, h.Mode = tar.TypeSymlink, f.link, 0o777
+		}
+		if h.Mode == 0 {
+			h.Mode = 0o644
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write(f.body)
+	}
+	tw.Close()
+	data := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, l)
+	if err == nil {
+		img, err = mutate.Config(img, v1.Config{Env: env, Cmd: []string{"sleep", "100000"}})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "layout")
+	p, err := layout.Write(dir, empty.Index)
+	if err == nil {
+		err = p.AppendImage(img)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// newPrivateRuntime is a test runtime with an image store of its own, inside the
+// runtime's LAZYFORK_ROOT (lower layers must lie inside the state roots), for images the
+// test makes.
+func newPrivateRuntime(t *testing.T) *runtime.Runtime {
+	t.Helper()
+	rt := testutil.NewRuntime(t)
+	dir := filepath.Join(os.Getenv("LAZYFORK_ROOT"), "images")
+	// NewRuntime links it to the machine's store; this test's images stay its own.
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	s, err := image.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.Images = s
+	return rt
+}
+
+const preloadSrc = `#include <fcntl.h>
+#include <unistd.h>
+#include <string.h>
+__attribute__((constructor)) static void pwn(void) {
+	int fd = open(MARKER, O_WRONLY | O_CREAT | O_APPEND, 0644);
+	if (fd >= 0) { write(fd, "preload ran\n", 12); close(fd); }
+}
+`
+
+// TestExecIgnoresHostileImageEnv: an image whose Env sets PATH and LD_PRELOAD to paths
+// that also exist on the host (a directory any local user could have made) must not get
+// its code run on the host by exec: the helper starts with an empty environment, the
+// command is looked up inside the container, and the image's environment reaches only
+// the command. Before, a host-side helper ran with the image's environment: LD_PRELOAD
+// loaded the library into a root process on the host, and PATH picked the host's fake
+// nsenter.
+func TestExecIgnoresHostileImageEnv(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Fatal("needs gcc to build the LD_PRELOAD library: apt-get install gcc")
+	}
+	host := t.TempDir() // the same path exists on the host and in the image
+	marker := filepath.Join(host, "marker")
+	src := filepath.Join(host, "evil.c")
+	os.WriteFile(src, []byte(preloadSrc), 0o644)
+	so := filepath.Join(host, "evil.so")
+	if out, err := exec.Command("gcc", "-shared", "-fPIC", fmt.Sprintf("-DMARKER=%q", marker), "-o", so, src).CombinedOutput(); err != nil {
+		t.Fatalf("build the preload library: %v\n%s", err, out)
+	}
+	lib, _ := os.ReadFile(so)
+	// Host-side fakes a host lookup with the image's PATH would find.
+	os.MkdirAll(filepath.Join(host, "bin"), 0o755)
+	fake := fmt.Sprintf("#!/bin/sh\necho host-$(basename $0) >> %s\n", marker)
+	for _, n := range []string{"nsenter", "hostname", "sh", "whereami", "env"} {
+		os.WriteFile(filepath.Join(host, "bin", n), []byte(fake), 0o755)
+	}
+	rel := strings.TrimPrefix(host, "/")
+	env := []string{"PATH=" + host + "/bin:/bin", "LD_PRELOAD=" + so, "LD_LIBRARY_PATH=" + host}
+	dir := busyboxLayout(t, env,
+		layerFile{name: rel + "/", dir: true}, layerFile{name: rel + "/bin/", dir: true},
+		layerFile{name: rel + "/evil.so", body: lib, mode: 0o755},
+		layerFile{name: rel + "/bin/whereami", body: []byte("#!/bin/sh\necho inside-image\n"), mode: 0o755})
+
+	rt := newPrivateRuntime(t)
+	ctx := context.Background()
+	c, err := rt.Create(ctx, runtime.CreateOptions{Image: dir, Name: "hostile-env"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) *runtime.ExecResult {
+		t.Helper()
+		res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: args, Timeout: 30 * time.Second})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("exec %v: %v %+v", args, err, res)
+		}
+		return res
+	}
+	if got := strings.TrimSpace(run("hostname").Stdout); got != c.ID {
+		t.Errorf("hostname = %q, want %s", got, c.ID)
+	}
+	// Resolved with the container's PATH, in the container's root.
+	if got := strings.TrimSpace(run("whereami").Stdout); got != "inside-image" {
+		t.Errorf("whereami = %q, want the image's script", got)
+	}
+	// The image's environment reaches the command, and the caller's extra variables too.
+	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", `echo "$PATH|$LD_PRELOAD|$X"`}, Env: []string{"X=1"}})
+	if err != nil || strings.TrimSpace(res.Stdout) != env[0][len("PATH="):]+"|"+so+"|1" {
+		t.Errorf("environment inside = %q, %v", res.Stdout, err)
+	}
+	// A missing command is an error naming the container's PATH, not a host lookup.
+	_, err = rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"no-such-command"}})
+	if err == nil || !strings.Contains(err.Error(), `command "no-such-command" not found in the container (PATH=`+host+"/bin:/bin)") {
+		t.Errorf("missing command: %v", err)
+	}
+	if b, err := os.ReadFile(marker); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("image code ran on the host: marker %q (%v)", b, err)
+	}
+}
+
+// TestExecOutputBound: captured output is bounded; a command writing more is killed and
+// exec fails with a one-line error; streamed output is not bounded.
+func TestExecOutputBound(t *testing.T) {
+	rt := newPrivateRuntime(t)
+	ctx := context.Background()
+	c, err := rt.Create(ctx, runtime.CreateOptions{Image: busyboxLayout(t, []string{"PATH=/bin"}), Name: "chatty"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero; sleep 1000", runtime.MaxExecOutput+1)}})
+	if err == nil || !errors.Is(err, runtime.ErrExecOutputLimit) {
+		t.Fatalf("exec over the bound: %v", err)
+	}
+	t.Log(err)
+	if msg := err.Error(); !strings.Contains(msg, "more than 16 MiB to stdout") || strings.Contains(msg, "\n") {
+		t.Errorf("error = %q", msg)
+	}
+	if time.Since(start) > 20*time.Second {
+		t.Errorf("the command was not killed at the bound (took %v)", time.Since(start))
+	}
+	if res == nil || len(res.Stdout) != runtime.MaxExecOutput {
+		t.Errorf("captured %d bytes, want the first %d", len(res.Stdout), runtime.MaxExecOutput)
+	}
+	res, err = rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", "head -c 5000 /dev/zero >&2"}, MaxOutput: 4096})
+	if !errors.Is(err, runtime.ErrExecOutputLimit) || !strings.Contains(err.Error(), "more than 4096 bytes to stderr") {
+		t.Errorf("stderr over a small bound: %v", err)
+	}
+	// Exactly at the bound is fine.
+	res, err = rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"head", "-c", "4096", "/dev/zero"}, MaxOutput: 4096})
+	if err != nil || len(res.Stdout) != 4096 {
+		t.Errorf("exec at the bound: %v, %d bytes", err, len(res.Stdout))
+	}
+	// Streamed: no bound.
+	var n countWriter
+	res, err = rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"head", "-c", "20000", "/dev/zero"}, MaxOutput: 4096, Stdout: &n})
+	if err != nil || n != 20000 {
+		t.Errorf("streamed exec: %v, %d bytes", err, n)
+	}
+	// The killed command left nothing running in the container.
+	testutil.Eventually(t, 10*time.Second, "only the container's init to remain", func() bool {
+		return rt.Inspect(c).Procs == 1
+	})
+}
+
+type countWriter int
+
+func (w *countWriter) Write(p []byte) (int, error) { *w += countWriter(len(p)); return len(p), nil }
+
+// TestExecConfinedAsInit: a command run by exec has exactly the confinement of the
+// container's init (user, capability sets, no_new_privs, seccomp), for the default
+// profile, a --user container and a privileged one; and the exec helper is not visible
+// inside.
+func TestExecConfinedAsInit(t *testing.T) {
+	rt := newPrivateRuntime(t)
+	ctx := context.Background()
+	layout := busyboxLayout(t, []string{"PATH=/bin"}, layerFile{name: "etc/", dir: true},
+		layerFile{name: "etc/passwd", body: []byte("root:x:0:0::/root:/bin/sh\nagent:x:1000:1000::/home/agent:/bin/sh\n")},
+		layerFile{name: "etc/group", body: []byte("root:x:0:\nagent:x:1000:\n")})
+	fields := `grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' `
+	for _, o := range []runtime.CreateOptions{
+		{Name: "confined"},
+		{Name: "agent", User: "agent"},
+		{Name: "privileged", Privileged: true},
+	} {
+		t.Run(o.Name, func(t *testing.T) {
+			o.Image = layout
+			c, err := rt.Create(ctx, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", fields + "/proc/1/status; echo ---; " + fields + "/proc/self/status; echo ---; for p in /proc/[0-9]*; do echo $(cat $p/comm); done"}})
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("exec: %v %+v", err, res)
+			}
+			parts := strings.Split(res.Stdout, "---\n")
+			if len(parts) != 3 {
+				t.Fatalf("output %q", res.Stdout)
+			}
+			if parts[0] != parts[1] {
+				t.Errorf("exec'd process differs from init:\ninit:\n%s\nexec:\n%s", parts[0], parts[1])
+			}
+			t.Logf("%s", parts[1])
+			// init (sleep) and the exec'd sh (and cat, if it is still listed): no helper.
+			for _, comm := range strings.Fields(parts[2]) {
+				if comm != "sleep" && comm != "sh" && comm != "cat" {
+					t.Errorf("process %q visible inside (all: %q)", comm, parts[2])
+				}
+			}
+			wantSeccomp := "Seccomp:\t2"
+			if o.Privileged {
+				wantSeccomp = "Seccomp:\t0"
+			}
+			if !strings.Contains(parts[1], wantSeccomp) {
+				t.Errorf("want %q in the exec'd process's status", wantSeccomp)
+			}
+			if o.User == "agent" && !strings.Contains(parts[1], "Uid:\t1000\t1000\t1000\t1000") {
+				t.Errorf("exec'd process does not run as the container's user")
+			}
+		})
+	}
+}
