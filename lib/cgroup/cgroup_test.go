@@ -283,6 +283,9 @@ func TestDefaultParentIsOwnCgroup(t *testing.T) {
 	}
 	if !c.V2 {
 		want := []string{"memory:" + c.Paths["memory"], "pids:" + c.Paths["pids"], "freezer:" + c.Paths["freezer"]}
+		if p, ok := c.Paths["devices"]; ok {
+			want = append(want, "devices:"+p)
+		}
 		if got := c.CriuRootArgs(); !slices.Equal(got, want) {
 			t.Errorf("CriuRootArgs = %v, want %v", got, want)
 		}
