@@ -11,7 +11,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -493,9 +492,9 @@ func (s *Service) Logs(ctx context.Context, ref string, follow bool, w io.Writer
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(runtime.LogPath(c))
+	f, err := runtime.OpenLog(c) // inside the container's root, regular files only
 	if err != nil {
-		return fmt.Errorf("logs of %s: %w", display(c), err)
+		return err
 	}
 	defer f.Close()
 	for i := 0; ; i++ {

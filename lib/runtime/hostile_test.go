@@ -44,7 +44,7 @@ func busyboxLayout(t *testing.T, env []string, files ...layerFile) string {
 		t.Fatal("needs busybox-static on the host: run `make setup`")
 	}
 	all := []layerFile{{name: "bin/", dir: true}, {name: "bin/busybox", body: bb, mode: 0o755}, {name: "tmp/", dir: true}}
-	for _, l := range []string{"sh", "echo", "sleep", "cat", "hostname", "head", "ls", "env", "test", "readlink"} {
+	for _, l := range []string{"sh", "echo", "sleep", "cat", "hostname", "head", "ls", "env", "test", "readlink", "rm", "ln", "mkfifo", "mknod", "mkdir", "grep"} {
 		all = append(all, layerFile{name: "bin/" + l, link: "busybox"})
 	}
 	all = append(all, files...)
@@ -288,5 +288,73 @@ func TestExecConfinedAsInit(t *testing.T) {
 				t.Errorf("exec'd process does not run as the container's user")
 			}
 		})
+	}
+}
+
+// TestLogsStayInsideContainer: the container owns /var/log/lazyfork/output.log; whatever
+// it puts there (a symlink to a host file, a symlinked directory, a fifo, a device node),
+// reading the log from the host never reads a host file, never blocks, never opens a
+// device.
+func TestLogsStayInsideContainer(t *testing.T) {
+	rt := newPrivateRuntime(t)
+	ctx := context.Background()
+	host := t.TempDir()
+	secret := filepath.Join(host, "output.log")
+	os.WriteFile(secret, []byte("HOST-SECRET\n"), 0o600)
+	c, err := rt.Create(ctx, runtime.CreateOptions{Image: busyboxLayout(t, []string{"PATH=/bin"}), Name: "liar",
+		Command: []string{"sh", "-c", "echo hello; sleep 100000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func() (string, error) {
+		f, err := runtime.OpenLog(c)
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		b, err := io.ReadAll(f)
+		return string(b), err
+	}
+	testutil.Eventually(t, 10*time.Second, "the log to say hello", func() bool {
+		got, _ := read()
+		return got == "hello\n"
+	})
+	cases := []struct {
+		name, script, want string
+	}{
+		{"symlink to a host file", "rm /var/log/lazyfork/output.log; ln -s " + secret + " /var/log/lazyfork/output.log", "is a symlink inside the container"},
+		{"symlinked directory", "rm -rf /var/log/lazyfork; ln -s " + host + " /var/log/lazyfork", "does not exist in the container"},
+		{"relative escape", "rm -rf /var/log/lazyfork; ln -s ../../../../../../../../.." + host + " /var/log/lazyfork", "does not exist in the container"},
+		{"fifo", "rm -rf /var/log/lazyfork; mkdir /var/log/lazyfork; mkfifo /var/log/lazyfork/output.log", "is a fifo"},
+		{"device node", "rm -rf /var/log/lazyfork; mkdir /var/log/lazyfork; mknod /var/log/lazyfork/output.log c 1 3", "is a character device"},
+		{"directory", "rm -rf /var/log/lazyfork; mkdir -p /var/log/lazyfork/output.log", "is a directory"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", tc.script}, Timeout: 10 * time.Second})
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("prepare: %v %+v", err, res)
+			}
+			start := time.Now()
+			got, err := read()
+			if err == nil {
+				t.Fatalf("read the log: %q, want an error", got)
+			}
+			t.Log(err)
+			if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("error = %q, want one line with %q", err, tc.want)
+			}
+			if strings.Contains(got, "HOST-SECRET") {
+				t.Errorf("host file content read through the container's log")
+			}
+			if time.Since(start) > 5*time.Second {
+				t.Errorf("reading the log blocked for %v", time.Since(start))
+			}
+		})
+	}
+	// What the plain path read would have done: the test is not vacuous.
+	rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", "rm -rf /var/log/lazyfork; mkdir /var/log/lazyfork; ln -s " + secret + " /var/log/lazyfork/output.log"}})
+	if b, _ := os.ReadFile(runtime.LogPath(c)); string(b) != "HOST-SECRET\n" {
+		t.Errorf("the naive read of LogPath gave %q; the symlink case above proves nothing", b)
 	}
 }

@@ -175,7 +175,8 @@ func (r *Runtime) List() ([]Info, error) {
 	return out, nil
 }
 
-// LogPath is the host path of the container's output log.
+// LogPath is the host path of the container's output log. The container controls what is
+// there (a symlink, a fifo): read it with OpenLog, never by this path.
 func LogPath(c *tree.Container) string {
 	if fsutil.IsMountPoint(c.RootFS) {
 		return c.RootFS + OutputLog
