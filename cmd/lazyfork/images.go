@@ -2,10 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"regexp"
+	"time"
 
+	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/image"
+	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 type imageCmd struct {
@@ -72,17 +78,91 @@ type imageRmCmd struct {
 }
 
 func (c *imageRmCmd) Run(g *Globals) error {
-	s, err := openImages(g)
+	rt, err := g.open()
+	if err != nil {
+		return err
+	}
+	s, err := image.Open(g.Root + "/images")
 	if err != nil {
 		return err
 	}
 	for _, n := range c.Names {
-		if err := s.Remove(n); err != nil {
+		if err := s.RemoveUnused(n, func(name string, layers []string) ([]string, error) {
+			return imageUsers(rt.Tree, name, layers)
+		}); err != nil {
 			return err
 		}
 		fmt.Println(n)
 	}
 	return nil
+}
+
+// imageUsers names the containers (running, stopped, being created) and snapshots that
+// need one of layers or were made from the image name. A record it cannot read is an
+// error: it might be a user.
+func imageUsers(ts *tree.Store, name string, layers []string) ([]string, error) {
+	want := map[string]bool{}
+	for _, l := range layers {
+		want[realPath(l)] = true
+	}
+	needs := func(lower []string) bool {
+		for _, l := range lower {
+			if want[realPath(l)] {
+				return true
+			}
+		}
+		return false
+	}
+	var who []string
+	ents, err := os.ReadDir(ts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	for _, e := range ents {
+		if !e.IsDir() || !recordID.MatchString(e.Name()) {
+			continue
+		}
+		ct, err := ts.Get(e.Name())
+		if err != nil {
+			time.Sleep(100 * time.Millisecond) // a delete may be removing it right now
+			if _, serr := os.Stat(filepath.Join(ts.Dir, e.Name())); errors.Is(serr, os.ErrNotExist) {
+				continue
+			}
+			if ct, err = ts.Get(e.Name()); err != nil {
+				return nil, fmt.Errorf("container record %s is unreadable (%v): fix or delete it first", e.Name(), err)
+			}
+		}
+		if needs(ct.Lower) || (len(ct.Lower) == 0 && ct.Image == name) {
+			who = append(who, "container "+label(ct.Name, ct.ID))
+		}
+	}
+	snaps, err := fork.Snapshots()
+	if err != nil {
+		return nil, err
+	}
+	for _, sn := range snaps {
+		if needs(sn.Lower) || needs([]string{sn.Layer}) {
+			who = append(who, "snapshot "+sn.ID+" (of "+label(sn.Source.Name, sn.Source.ID)+")")
+		}
+	}
+	return who, nil
+}
+
+var recordID = regexp.MustCompile(`^[0-9a-f]{12}$`)
+
+func label(name, id string) string {
+	if name != "" {
+		return name + " (" + id + ")"
+	}
+	return id
+}
+
+// realPath resolves symlinks (a shared image store linked into LAZYFORK_ROOT), or keeps p.
+func realPath(p string) string {
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		return r
+	}
+	return filepath.Clean(p)
 }
 
 type imageImportCmd struct {

@@ -324,3 +324,51 @@ func writeSparseBomb(t *testing.T, path string, size int64) {
 	}
 	dockerSave(t, path, []string{"bomb:1"}, out)
 }
+
+// TestRemoveUnusedAsksUsers: RemoveUnused asks who needs the layers only this image has
+// (not those another image keeps), refuses naming them, and changes nothing then.
+func TestRemoveUnusedAsksUsers(t *testing.T) {
+	needRoot(t)
+	s := newStore(t)
+	dir := t.TempDir()
+	shared := tarBytes(t, []entry{{name: "shared", body: "s"}})
+	own := tarBytes(t, []entry{{name: "own", body: "o"}})
+	a, b := filepath.Join(dir, "a.tar"), filepath.Join(dir, "b.tar")
+	dockerSave(t, a, []string{"a:1"}, shared, own)
+	dockerSave(t, b, []string{"b:1"}, shared)
+	imgA, err := s.Get(context.Background(), a, GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(context.Background(), b, GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before := treeState(t, s.Dir)
+	var asked []string
+	err = s.RemoveUnused("a:1", func(name string, layers []string) ([]string, error) {
+		if name != imgA.Name {
+			t.Errorf("asked about %q", name)
+		}
+		asked = layers
+		return []string{"container web (0123456789ab)", "snapshot 42 (of web)"}, nil
+	})
+	if !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), "in use by container web (0123456789ab), snapshot 42 (of web); delete them first") {
+		t.Fatalf("err = %v", err)
+	}
+	t.Log(err)
+	if len(asked) != 1 || asked[0] != imgA.Layers[1] {
+		t.Errorf("asked about layers %v, want only the one image b does not keep (%s)", asked, imgA.Layers[1])
+	}
+	if after := treeState(t, s.Dir); after != before {
+		t.Errorf("a refused remove changed the store:\n%s\n---\n%s", before, after)
+	}
+	if err := s.RemoveUnused("a:1", func(string, []string) ([]string, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(imgA.Layers[1]); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the image's own layer is still there: %v", err)
+	}
+	if _, err := os.Stat(imgA.Layers[0]); err != nil {
+		t.Errorf("the shared layer went: %v", err)
+	}
+}

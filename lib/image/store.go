@@ -216,11 +216,23 @@ func (s *Store) List() ([]Image, error) {
 	return out, nil
 }
 
+// ErrInUse is wrapped by Remove's error when a container or snapshot still needs the
+// image's layers.
+var ErrInUse = errors.New("image still in use")
+
+// UsersFunc names the containers and snapshots that need any of layers (absolute layer
+// dirs) or were made from the image named name; an error stops the removal.
+type UsersFunc func(name string, layers []string) ([]string, error)
+
 // Remove deletes the image record named name and every layer no other image uses.
 // It refuses while one of the image's layers is part of a mounted overlay. The store
-// does not know about stopped containers: callers must not remove an image that a
-// container still needs.
-func (s *Store) Remove(ref string) error {
+// does not know about stopped containers or snapshots: use RemoveUnused.
+func (s *Store) Remove(ref string) error { return s.RemoveUnused(ref, nil) }
+
+// RemoveUnused is Remove that first asks users (under the store's exclusive lock, so no
+// Get races it) who still needs the layers that would be deleted, and refuses with
+// ErrInUse, naming them, if anyone does.
+func (s *Store) RemoveUnused(ref string, users UsersFunc) error {
 	img, err := s.Resolve(ref)
 	if err != nil && errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("remove image: %w", err)
@@ -248,6 +260,19 @@ func (s *Store) Remove(ref string) error {
 	if err != nil {
 		return fmt.Errorf("remove image %s: %w", img.Name, err)
 	}
+	if users != nil {
+		gone, err := s.onlyLayersOf(img)
+		if err != nil {
+			return fmt.Errorf("remove image %s: %w", img.Name, err)
+		}
+		who, err := users(img.Name, gone)
+		if err != nil {
+			return fmt.Errorf("remove image %s: %w", img.Name, err)
+		}
+		if len(who) > 0 {
+			return fmt.Errorf("remove image %s: %w by %s; delete them first (lazyfork delete)", img.Name, ErrInUse, strings.Join(who, ", "))
+		}
+	}
 	for _, l := range img.Layers {
 		if mounted[l] {
 			return fmt.Errorf("remove image %s: layer %s is in use by a mounted overlay; stop its containers first", img.Name, l)
@@ -262,6 +287,30 @@ func (s *Store) Remove(ref string) error {
 		return fmt.Errorf("remove image %s: %w", img.Name, err)
 	}
 	return nil
+}
+
+// onlyLayersOf lists img's layers that no other image uses: those its removal deletes.
+func (s *Store) onlyLayersOf(img *Image) ([]string, error) {
+	imgs, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	other := map[string]bool{}
+	for _, o := range imgs {
+		if o.Name == img.Name {
+			continue
+		}
+		for _, l := range o.Layers {
+			other[l] = true
+		}
+	}
+	var out []string
+	for _, l := range img.Layers {
+		if !other[l] {
+			out = append(out, l)
+		}
+	}
+	return out, nil
 }
 
 // sweepLayers deletes layers that no ref names and no mounted overlay uses. With only
