@@ -58,7 +58,11 @@ func CheckParent(parent string) error {
 	if parent == "" {
 		return nil
 	}
-	return checkOwnedPath("parent", filepath.Join(parent, "x"), os.Getenv(ParentEnv))
+	if err := checkOwnedPath("parent", filepath.Join(parent, "x"), os.Getenv(ParentEnv)); err != nil {
+		return fmt.Errorf("cgroup parent %q would put groups outside the project's subtree: %w (use a directory named %q, or set $%s)",
+			parent, ErrForeign, parentDir, ParentEnv)
+	}
+	return nil
 }
 
 // LoadOwned is Load for paths that come from outside this process (stage JSON, records):

@@ -57,6 +57,11 @@ func Within(p string, roots ...string) (string, error) {
 		}
 		return clean, nil
 	}
+	for _, r := range rs {
+		if clean == r.given || clean == r.real {
+			return "", fmt.Errorf("path %s is a state root itself, not inside one (%w)", clean, ErrOutside)
+		}
+	}
 	return "", fmt.Errorf("path %s is %w (%s)", clean, ErrOutside, strings.Join(givenRoots(rs), ", "))
 }
 
