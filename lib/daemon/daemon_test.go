@@ -43,6 +43,10 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if sock := os.Getenv("LF_TEST_HTTP"); sock != "" {
+		// Child of the peer tests, run as another user: what does the daemon answer?
+		os.Exit(probeHTTP(sock))
+	}
 	criu.MaybeKdatHelper()
 	runtime.MaybeInit()
 	runtime.MaybeCgexec()
