@@ -180,7 +180,7 @@ func (s *Service) undo(forks []client.Fork) {
 			_ = s.RT.Delete(c)
 		}
 	}
-	_ = fork.GC(s.RT)
+	_ = fork.Collect(s.RT)
 }
 
 func hookOptions(o client.HookOptions) hook.Options {
@@ -233,7 +233,7 @@ func (s *Service) Delete(ctx context.Context, ref string) error {
 		return err
 	}
 	s.Events.Publish(client.Event{Type: client.EventDelete, ID: c.ID, Name: c.Name})
-	return fork.GC(s.RT)
+	return fork.Collect(s.RT)
 }
 
 // Freeze pauses every process of ref.

@@ -88,8 +88,20 @@ func lockShared(ctx context.Context) (func(), error) { return LockState(ctx, fal
 // nothing, when one cannot be read, parsed or trusted: a record it cannot read may be the
 // only reference to a family or a layer. It holds the state lock exclusively, so it never
 // runs while a dump, rewrite or restore is making things no record references yet.
-func GC(rt *runtime.Runtime) error {
-	unlockState, err := LockState(context.Background(), true, GCLockWait)
+func GC(rt *runtime.Runtime) error { return gc(rt, GCLockWait) }
+
+// Collect is GC after an operation (a fork, a start, a delete): when a dump, rewrite or
+// restore holds the state lock it returns nil at once instead of waiting, and the garbage
+// waits for the next collection (that operation's, the next delete's, `lazyfork gc`).
+func Collect(rt *runtime.Runtime) error {
+	if err := gc(rt, time.Nanosecond); err != nil && !errors.Is(err, ErrStateBusy) {
+		return err
+	}
+	return nil
+}
+
+func gc(rt *runtime.Runtime, wait time.Duration) error {
+	unlockState, err := LockState(context.Background(), true, wait)
 	if err != nil {
 		return fmt.Errorf("gc: %w", err)
 	}

@@ -60,7 +60,7 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 		if !keep {
 			_ = RemoveSnapshot(s)
 		}
-		_ = GC(rt)
+		_ = Collect(rt)
 	}()
 	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages})
 	if o.Share {
@@ -137,7 +137,7 @@ func Start(ctx context.Context, rt *runtime.Runtime, c *tree.Container) error {
 		return err
 	}
 	_ = RemoveSnapshot(s)
-	return GC(rt)
+	return Collect(rt)
 }
 
 // resume restores stopped c from s in place. On failure c is stopped as before.
