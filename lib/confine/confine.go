@@ -94,11 +94,11 @@ func (p Profile) Apply() error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	var prog []unix.SockFilter
+	var progs [][]unix.SockFilter
 	if !p.Privileged && p.Seccomp == SeccompDefault {
 		// Compiled before anything is dropped, so an error leaves the process untouched.
 		var err error
-		if prog, err = DefaultFilter(p.Caps); err != nil {
+		if progs, err = DefaultFilters(p.Caps); err != nil {
 			return err
 		}
 	}
@@ -120,12 +120,12 @@ func (p Profile) Apply() error {
 			return fmt.Errorf("confine: set no_new_privs: %w", err)
 		}
 	}
-	if prog != nil {
+	for _, prog := range progs {
 		if err := loadFilter(prog); err != nil {
 			return err
 		}
 	}
-	runtime.KeepAlive(prog)
+	runtime.KeepAlive(progs)
 	return nil
 }
 

@@ -19,73 +19,117 @@ type Skipped struct {
 	Reason  string
 }
 
+// Policies is Docker's default profile as go-seccomp-bpf policies: Main allows every
+// syscall the profile allows (those with argument conditions unconditionally), and each
+// of Args refuses one such syscall when its arguments break the profile's conditions.
+// The kernel runs all the filters and takes the strictest answer.
+//
+// Why not one filter: go-seccomp-bpf (v1.6.0) does not reload the syscall number after
+// an argument check fails, so any rule after a conditional one would compare an argument
+// with syscall numbers. Here every argument check is the only rule of its filter.
+type Policies struct {
+	Main    *bpfseccomp.Policy
+	Args    []*bpfseccomp.Policy
+	Skipped []Skipped // rules left out: stricter, never looser (they fall to EPERM)
+}
+
 // DefaultPolicy translates Docker's default seccomp profile, resolved for caps (rules
 // that depend on a capability follow the bounding set, as in Docker) and this kernel,
-// into a go-seccomp-bpf policy for the native architecture. It reports the rules it had
-// to leave out, which make the filter stricter, never looser: a syscall left out falls to
-// the default action (EPERM).
+// for the native architecture.
 //
 // Differences from libseccomp's compilation of the same profile (docs/security.md):
 //   - Only the native ABI is allowed. Docker also lists the 32-bit x86 and x32 ABIs;
 //     here their syscalls fail (EPERM for int 0x80, ENOSYS for x32).
-//   - Rules are matched first to last (the profile has no overlapping ones).
-//   - Names this compiler's syscall table lacks are skipped (reported).
-func DefaultPolicy(caps []string) (*bpfseccomp.Policy, []Skipped, error) {
+//   - Names absent from the compiler's table for this architecture are skipped; on
+//     x86_64 these are the 32-bit-only syscalls (chown32, mmap2, socketcall, ...).
+//   - An argument rule must negate into one AND'ed set (each of its alternatives
+//     checks one argument, as all of Docker's do); others are skipped.
+func DefaultPolicy(caps []string) (Policies, error) {
 	spec := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps}}}
 	prof, err := profiles.GetDefaultProfile(spec)
 	if err != nil {
-		return nil, nil, fmt.Errorf("confine: load the default seccomp profile: %w", err)
+		return Policies{}, fmt.Errorf("confine: load the default seccomp profile: %w", err)
 	}
 	return translate(prof)
 }
 
-func translate(prof *specs.LinuxSeccomp) (*bpfseccomp.Policy, []Skipped, error) {
+func translate(prof *specs.LinuxSeccomp) (Policies, error) {
+	var out Policies
 	native, err := arch.GetInfo("")
 	if err != nil {
-		return nil, nil, fmt.Errorf("confine: seccomp: %w", err)
+		return out, fmt.Errorf("confine: seccomp: %w", err)
 	}
 	def, err := action(prof.DefaultAction, prof.DefaultErrnoRet)
 	if err != nil {
-		return nil, nil, fmt.Errorf("confine: seccomp default action: %w", err)
+		return out, fmt.Errorf("confine: seccomp default action: %w", err)
 	}
 	// go-seccomp-bpf validates the default action by name: plain errno means EPERM.
 	if def == bpfseccomp.ActionErrno|bpfseccomp.Action(unix.EPERM) {
 		def = bpfseccomp.ActionErrno
 	}
-	pol := &bpfseccomp.Policy{DefaultAction: def}
-	var skipped []Skipped
+	out.Main = &bpfseccomp.Policy{DefaultAction: def}
+	skip := func(name, why string) { out.Skipped = append(out.Skipped, Skipped{name, why}) }
+
+	unconditional := map[string]bool{}
+	var condNames []string                                // in profile order
+	conds := map[string][]bpfseccomp.ArgumentConditions{} // name -> OR'ed AND-sets
 	for _, rule := range prof.Syscalls {
 		act, err := action(rule.Action, rule.ErrnoRet)
 		if err != nil {
 			for _, n := range rule.Names {
-				skipped = append(skipped, Skipped{n, err.Error()})
+				skip(n, err.Error())
 			}
 			continue
 		}
-		conds, why := conditions(rule.Args)
+		sets, why := conditions(rule.Args)
+		if why == "" && len(sets) > 0 && act != bpfseccomp.ActionAllow {
+			why = "argument conditions on a rule that does not allow"
+		}
 		g := bpfseccomp.SyscallGroup{Action: act}
 		for _, n := range rule.Names {
-			if _, ok := native.SyscallNames[n]; !ok {
-				skipped = append(skipped, Skipped{n, "not in go-seccomp-bpf's syscall table for " + native.Name})
-				continue
-			}
-			if why != "" {
-				skipped = append(skipped, Skipped{n, why})
-				continue
-			}
-			if len(conds) == 0 {
-				g.Names = append(g.Names, n)
-				continue
-			}
-			for _, c := range conds {
-				g.NamesWithCondtions = append(g.NamesWithCondtions, bpfseccomp.NameWithConditions{Name: n, Conditions: c})
+			switch _, known := native.SyscallNames[n]; {
+			case !known:
+				skip(n, "not a syscall of "+native.Name+" in go-seccomp-bpf's table")
+			case why != "":
+				skip(n, why)
+			case len(sets) == 0:
+				if !unconditional[n] {
+					g.Names = append(g.Names, n)
+					unconditional[n] = true
+				}
+			default:
+				if _, ok := conds[n]; !ok {
+					condNames = append(condNames, n)
+				}
+				conds[n] = append(conds[n], sets...)
 			}
 		}
-		if len(g.Names)+len(g.NamesWithCondtions) > 0 {
-			pol.Syscalls = append(pol.Syscalls, g)
+		if len(g.Names) > 0 {
+			out.Main.Syscalls = append(out.Main.Syscalls, g)
 		}
 	}
-	return pol, skipped, nil
+	allowInMain := bpfseccomp.SyscallGroup{Action: bpfseccomp.ActionAllow}
+	for _, n := range condNames {
+		if unconditional[n] {
+			continue // allowed outright by another rule: its conditions change nothing
+		}
+		neg, why := negate(conds[n])
+		if why != "" {
+			skip(n, why)
+			continue
+		}
+		allowInMain.Names = append(allowInMain.Names, n)
+		// Refuse (with the profile's default answer) when every allowed alternative fails.
+		out.Args = append(out.Args, &bpfseccomp.Policy{
+			DefaultAction: bpfseccomp.ActionAllow,
+			Syscalls: []bpfseccomp.SyscallGroup{{Action: def,
+				NamesWithCondtions: []bpfseccomp.NameWithConditions{{Name: n, Conditions: neg}}}},
+		})
+	}
+	if len(allowInMain.Names) > 0 {
+		out.Main.Syscalls = append(out.Main.Syscalls, allowInMain)
+	}
+	return out, nil
 }
 
 // action maps an OCI action to go-seccomp-bpf's; errno actions carry their errno in the
@@ -108,16 +152,13 @@ func action(a specs.LinuxSeccompAction, errnoRet *uint) (bpfseccomp.Action, erro
 		return bpfseccomp.ActionTrap, nil
 	case specs.ActLog:
 		return bpfseccomp.ActionLog, nil
-	case specs.ActTrace:
-		// SCMP_ACT_TRACE without a tracer fails the call with ENOSYS; same here.
-		return bpfseccomp.ActionTrace, nil
 	}
 	return 0, fmt.Errorf("action %s not supported", a)
 }
 
-// conditions turns a rule's argument checks into condition sets that are OR'ed (each set
-// is AND'ed). As runc does: checks of distinct arguments are one AND'ed set; repeated
-// checks of the same argument become one set each (OR).
+// conditions turns a rule's argument checks into AND-sets that are OR'ed. As runc does:
+// checks of distinct arguments are one AND'ed set; repeated checks of the same argument
+// become one set each (OR).
 func conditions(args []specs.LinuxSeccompArg) ([]bpfseccomp.ArgumentConditions, string) {
 	if len(args) == 0 {
 		return nil, ""
@@ -126,9 +167,7 @@ func conditions(args []specs.LinuxSeccompArg) ([]bpfseccomp.ArgumentConditions, 
 	repeated := false
 	var all bpfseccomp.ArgumentConditions
 	for _, a := range args {
-		if seen[a.Index] {
-			repeated = true
-		}
+		repeated = repeated || seen[a.Index]
 		seen[a.Index] = true
 		c, why := condition(a)
 		if why != "" {
@@ -148,6 +187,9 @@ func conditions(args []specs.LinuxSeccompArg) ([]bpfseccomp.ArgumentConditions, 
 
 func condition(a specs.LinuxSeccompArg) (bpfseccomp.Condition, string) {
 	c := bpfseccomp.Condition{Argument: uint32(a.Index), Value: a.Value}
+	if a.Index > 5 {
+		return c, fmt.Sprintf("argument index %d out of range", a.Index)
+	}
 	switch a.Op {
 	case specs.OpEqualTo:
 		c.Operation = bpfseccomp.Equal
@@ -171,19 +213,51 @@ func condition(a specs.LinuxSeccompArg) (bpfseccomp.Condition, string) {
 	default:
 		return c, fmt.Sprintf("argument %d: operator %s not supported", a.Index, a.Op)
 	}
-	if a.Index > 5 {
-		return c, fmt.Sprintf("argument index %d out of range", a.Index)
-	}
 	return c, ""
 }
 
-// DefaultFilter compiles DefaultPolicy(caps) into a classic BPF program for seccomp(2).
-func DefaultFilter(caps []string) ([]unix.SockFilter, error) {
-	pol, _, err := DefaultPolicy(caps)
+var opposite = map[bpfseccomp.Operation]bpfseccomp.Operation{
+	bpfseccomp.Equal: bpfseccomp.NotEqual, bpfseccomp.NotEqual: bpfseccomp.Equal,
+	bpfseccomp.LessThan: bpfseccomp.GreaterOrEqual, bpfseccomp.GreaterOrEqual: bpfseccomp.LessThan,
+	bpfseccomp.LessOrEqual: bpfseccomp.GreaterThan, bpfseccomp.GreaterThan: bpfseccomp.LessOrEqual,
+	bpfseccomp.BitsNotSet: bpfseccomp.BitsSet, bpfseccomp.BitsSet: bpfseccomp.BitsNotSet,
+}
+
+// negate turns "any of these sets holds" into the one AND-set "none holds", possible
+// when every set is a single check.
+func negate(sets []bpfseccomp.ArgumentConditions) (bpfseccomp.ArgumentConditions, string) {
+	var out bpfseccomp.ArgumentConditions
+	for _, s := range sets {
+		if len(s) != 1 {
+			return nil, "an alternative checks several arguments at once: not expressible as one filter"
+		}
+		c := s[0]
+		c.Operation = opposite[c.Operation]
+		out = append(out, c)
+	}
+	return out, ""
+}
+
+// DefaultFilters compiles DefaultPolicy(caps) into classic BPF programs for seccomp(2),
+// the main one first.
+func DefaultFilters(caps []string) ([][]unix.SockFilter, error) {
+	pol, err := DefaultPolicy(caps)
 	if err != nil {
 		return nil, err
 	}
-	insts, err := pol.Assemble()
+	var out [][]unix.SockFilter
+	for _, p := range append([]*bpfseccomp.Policy{pol.Main}, pol.Args...) {
+		prog, err := compile(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, prog)
+	}
+	return out, nil
+}
+
+func compile(p *bpfseccomp.Policy) ([]unix.SockFilter, error) {
+	insts, err := p.Assemble()
 	if err != nil {
 		return nil, fmt.Errorf("confine: compile seccomp profile: %w", err)
 	}
