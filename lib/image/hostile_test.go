@@ -217,6 +217,7 @@ func TestDeviceNodesSkipped(t *testing.T) {
 		{name: "disk", typ: tar.TypeBlock, mode: 0o666, major: 8, minor: 0},
 		{name: "d/kmem", typ: tar.TypeChar, mode: 0o666, major: 1, minor: 2},
 		{name: "d/mem", typ: tar.TypeChar, mode: 0o4666, major: 1, minor: 1},
+		{name: "d/mem2", typ: tar.TypeLink, link: "d/mem"},
 		{name: "fifo", typ: tar.TypeFifo, mode: 0o600},
 		{name: "file", body: "f"},
 	}))
@@ -226,7 +227,7 @@ func TestDeviceNodesSkipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := img.Layers[0]
-	for _, n := range []string{"disk", "d/kmem", "d/mem"} {
+	for _, n := range []string{"disk", "d/kmem", "d/mem", "d/mem2"} {
 		if _, err := os.Lstat(filepath.Join(l, n)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("device node %s was unpacked: %v", n, err)
 		}
@@ -237,7 +238,7 @@ func TestDeviceNodesSkipped(t *testing.T) {
 	if got := readFile(t, filepath.Join(l, "file")); got != "f" {
 		t.Errorf("file = %q", got)
 	}
-	if !strings.Contains(prog.String(), "skipped 3 device node(s) (disk, d/kmem, d/mem)") {
+	if !strings.Contains(prog.String(), "skipped 4 device node(s) (disk, d/kmem, d/mem, ...)") {
 		t.Errorf("no note about skipped devices in the progress:\n%s", prog.String())
 	}
 }

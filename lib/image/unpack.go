@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -320,6 +321,10 @@ func (u *unpacker) entry(tr *tar.Reader, hdr *tar.Header, entries int64) error {
 		target, err := cleanRel(hdr.Linkname)
 		if err != nil || target == "" {
 			return refusef("bad hardlink target %q", hdr.Linkname)
+		}
+		if slices.Contains(u.skipped, target) {
+			u.skipped = append(u.skipped, rel) // a link to a device node left out
+			return nil
 		}
 		pfd, base, err := u.replace(rel)
 		if err != nil {
