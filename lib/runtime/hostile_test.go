@@ -183,6 +183,11 @@ func TestExecIgnoresHostileImageEnv(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `command "no-such-command" not found in the container (PATH=`+host+"/bin:/bin)") {
 		t.Errorf("missing command: %v", err)
 	}
+	// A working directory the container lacks is an error too, from inside.
+	_, err = rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"true"}, Cwd: host + "/nowhere"})
+	if err == nil || !strings.Contains(err.Error(), "working directory "+host+"/nowhere in the container: no such file or directory") {
+		t.Errorf("missing working directory: %v", err)
+	}
 	if b, err := os.ReadFile(marker); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("image code ran on the host: marker %q (%v)", b, err)
 	}

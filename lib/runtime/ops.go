@@ -14,8 +14,8 @@ import (
 // ExecOptions describe a command run inside a running container.
 type ExecOptions struct {
 	Args    []string
-	Env     []string // added to the container's environment
-	Cwd     string
+	Env     []string // added to the container's environment (which only the command sees)
+	Cwd     string   // inside the container; "" = the image's working directory
 	Stdin   io.Reader
 	Stdout  io.Writer // nil: captured into the result
 	Stderr  io.Writer // nil: captured into the result
