@@ -243,7 +243,7 @@ type countWriter int
 func (w *countWriter) Write(p []byte) (int, error) { *w += countWriter(len(p)); return len(p), nil }
 
 // TestExecConfinedAsInit: a command run by exec has exactly the confinement of the
-// container's init (user, capability sets, no_new_privs, seccomp), for the default
+// container's init (cgroups, user, capability sets, no_new_privs, seccomp), for the default
 // profile, a --user container and a privileged one; and the exec helper is not visible
 // inside.
 func TestExecConfinedAsInit(t *testing.T) {
@@ -252,7 +252,9 @@ func TestExecConfinedAsInit(t *testing.T) {
 	layout := busyboxLayout(t, []string{"PATH=/bin"}, layerFile{name: "etc/", dir: true},
 		layerFile{name: "etc/passwd", body: []byte("root:x:0:0::/root:/bin/sh\nagent:x:1000:1000::/home/agent:/bin/sh\n")},
 		layerFile{name: "etc/group", body: []byte("root:x:0:\nagent:x:1000:\n")})
-	fields := `grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' `
+	show := func(p string) string {
+		return "cat " + p + "/cgroup; grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' " + p + "/status"
+	}
 	for _, o := range []runtime.CreateOptions{
 		{Name: "confined"},
 		{Name: "agent", User: "agent"},
@@ -264,7 +266,7 @@ func TestExecConfinedAsInit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", fields + "/proc/1/status; echo ---; " + fields + "/proc/self/status; echo ---; for p in /proc/[0-9]*; do echo $(cat $p/comm); done"}})
+			res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", show("/proc/1") + "; echo ---; " + show("/proc/self") + "; echo ---; for p in /proc/[0-9]*; do echo $(cat $p/comm); done"}})
 			if err != nil || res.ExitCode != 0 {
 				t.Fatalf("exec: %v %+v", err, res)
 			}
