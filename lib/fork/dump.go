@@ -60,11 +60,6 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	if err := stage.CheckRecord(c); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
-	unlock, err := lockShared(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("dump %s: %w", name, err)
-	}
-	defer unlock()
 	switch st := rt.State(c); st {
 	case tree.StateRunning:
 	case tree.StateFrozen:
@@ -87,6 +82,13 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 			return nil, fmt.Errorf("dump %s: %w %s: it relies on MADV_DONTNEED returning zeros, which memory files do not; use glibc malloc, or --force to fork anyway", name, ErrAllocator, strings.Join(libs, ", "))
 		}
 	}
+
+	// From here on the dump makes what no record references yet: GC waits.
+	unlock, err := lockShared(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("dump %s: %w", name, err)
+	}
+	defer unlock()
 
 	id := newSnapshotID()
 	s := &stage.Snapshot{

@@ -111,7 +111,7 @@ func gc(rt *runtime.Runtime, wait time.Duration) error {
 		return fmt.Errorf("gc: %w", err)
 	}
 	defer unlock()
-	all, err := listRecords(rt.Tree)
+	all, halfWritten, err := listRecords(rt.Tree)
 	if err != nil {
 		return fmt.Errorf("gc: %w (nothing was deleted; fix or remove that record by hand)", err)
 	}
@@ -163,7 +163,7 @@ func gc(rt *runtime.Runtime, wait time.Duration) error {
 	for _, s := range drop {
 		errs = append(errs, RemoveSnapshot(s))
 	}
-	for _, d := range leftovers {
+	for _, d := range append(leftovers, halfWritten...) {
 		errs = append(errs, fsutil.RemoveAll(d))
 	}
 	errs = append(errs, sweep(paths.Families(), func(dir string) bool { return families[filepath.Base(dir)] }))
@@ -178,34 +178,56 @@ const maxRecord = 1 << 20
 
 // listRecords is tree.List that fails instead of skipping a record it cannot read. A
 // directory whose container.json is missing is given a moment (a delete may be removing
-// it right now) before it counts as unreadable.
-func listRecords(s *tree.Store) ([]*tree.Container, error) {
+// it right now) before it counts as unreadable, unless all it holds is a record's pending
+// temp file and nothing is mounted there: a reservation killed while writing its record
+// (reservations hold the tree lock, as GC does, so none is in progress), returned in
+// halfWritten for GC to remove.
+func listRecords(s *tree.Store) (out []*tree.Container, halfWritten []string, err error) {
 	ents, err := os.ReadDir(s.Dir)
 	if err != nil {
-		return nil, fmt.Errorf("list containers: %w", err)
+		return nil, nil, fmt.Errorf("list containers: %w", err)
 	}
-	var out []*tree.Container
 	for _, e := range ents {
 		if !recordDirRe.MatchString(e.Name()) {
 			continue
 		}
 		if !e.IsDir() {
-			return nil, fmt.Errorf("container record %s is not a directory", filepath.Join(s.Dir, e.Name()))
+			return nil, nil, fmt.Errorf("container record %s is not a directory", filepath.Join(s.Dir, e.Name()))
 		}
 		c, err := readRecord(s, e.Name())
 		if errors.Is(err, os.ErrNotExist) {
+			if isHalfWritten(s.Path(e.Name())) {
+				halfWritten = append(halfWritten, s.Path(e.Name()))
+				continue
+			}
 			c, err = waitRecordGone(s, e.Name())
 			if c == nil && err == nil {
 				continue
 			}
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out = append(out, c)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
-	return out, nil
+	return out, halfWritten, nil
+}
+
+// pendingRecordRe names renameio's temp file for container.json.
+var pendingRecordRe = regexp.MustCompile(`^\.container\.json[0-9]*$`)
+
+func isHalfWritten(dir string) bool {
+	ents, err := os.ReadDir(dir)
+	if err != nil || len(fsutil.MountsUnder(dir)) > 0 {
+		return false
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() || !pendingRecordRe.MatchString(e.Name()) {
+			return false
+		}
+	}
+	return true
 }
 
 func readRecord(s *tree.Store, id string) (*tree.Container, error) {

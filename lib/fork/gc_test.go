@@ -119,6 +119,22 @@ func TestGCStopsOnUnreadableRecord(t *testing.T) {
 	if err := fork.Start(ctx, rt, f1); err != nil {
 		t.Fatalf("start after GC: %v", err)
 	}
+
+	// A reservation killed while writing its record leaves only the pending temp file:
+	// that one GC removes (nothing refers to it, nothing is mounted there).
+	half := rt.Tree.Path("00000000abcd")
+	if err := os.MkdirAll(half, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(half, ".container.json1234567"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := fork.GC(rt); err != nil {
+		t.Fatalf("GC with a half-written reservation: %v", err)
+	}
+	if _, err := os.Stat(half); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("half-written reservation left: %v", err)
+	}
 }
 
 // Dumps, rewrites and restores hold the state lock shared; GC takes it exclusively: it

@@ -145,6 +145,9 @@ func resume(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stag
 	if err := checkRestorable(s); err != nil {
 		return err
 	}
+	if err := makeDumpedFamily(s); err != nil {
+		return err
+	}
 	saved := *c
 	defer func() {
 		if retErr != nil {

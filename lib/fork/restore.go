@@ -64,19 +64,15 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 			return nil, err
 		}
 	}
+	if err := checkRestorable(s); err != nil {
+		return nil, err
+	}
 	unlock, err := lockShared(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("restore %s: %w", s.ID, err)
 	}
 	defer unlock()
-	if s.State == stage.SnapDumped {
-		// A plain CRIU image: every fork gets a full copy of the memory (the baseline
-		// LazyFork is measured against); the family directory is only the mount source.
-		if err := MakeFamilyDir(s.FamilyDir); err != nil {
-			return nil, fmt.Errorf("restore %s: %w", s.ID, err)
-		}
-	}
-	if err := checkRestorable(s); err != nil {
+	if err := makeDumpedFamily(s); err != nil {
 		return nil, err
 	}
 	par := o.Parallel
@@ -160,13 +156,26 @@ func checkRestorable(s *stage.Snapshot) error {
 	if _, err := os.Stat(filepath.Join(s.ImagesDir, "inventory.img")); err != nil {
 		return fmt.Errorf("restore %s: its CRIU image %s is gone; take a new snapshot with lf-dump", s.ID, s.ImagesDir)
 	}
-	if _, err := os.Stat(s.FamilyDir); err != nil {
+	if _, err := os.Stat(s.FamilyDir); err != nil && s.State != stage.SnapDumped {
 		return fmt.Errorf("restore %s: its memory files %s are gone; take a new snapshot with lf-dump", s.ID, s.FamilyDir)
 	}
 	for _, l := range s.Lower {
 		if _, err := os.Stat(l); err != nil {
 			return fmt.Errorf("restore %s: its file system layer %s is gone; take a new snapshot with lf-dump", s.ID, l)
 		}
+	}
+	return nil
+}
+
+// makeDumpedFamily gives a plain CRIU image (state dumped: every fork gets a full copy
+// of the memory, the baseline LazyFork is measured against) the family directory its
+// forks mount; it holds no memory files then.
+func makeDumpedFamily(s *stage.Snapshot) error {
+	if s.State != stage.SnapDumped {
+		return nil
+	}
+	if err := MakeFamilyDir(s.FamilyDir); err != nil {
+		return fmt.Errorf("restore %s: %w", s.ID, err)
 	}
 	return nil
 }
