@@ -47,3 +47,9 @@ vet:
 
 clean:
 	rm -rf $(BIN)
+
+# The set-up itself, in a clean Debian bookworm root (debootstrap, cached in /var/cache/lazyfork/):
+# only packages of the release added, nothing upgraded, CRIU works there, a second run changes nothing.
+.PHONY: test-setup
+test-setup:
+	@bash scripts/test-setup.sh
