@@ -12,6 +12,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/overlay"
+	"github.com/lazyfork/lazyfork/lib/paths"
 )
 
 type cli struct {
@@ -61,7 +62,11 @@ func (c *teardownCmd) Run() error {
 func main() {
 	var c cli
 	ctx := kong.Parse(&c, kong.Name("lf-overlay"), kong.Description("Prepare and tear down LazyFork overlay layers."))
-	if err := ctx.Run(); err != nil {
+	err := paths.Ensure() // the state roots are root's, 0700, no symlinks: or refuse
+	if err == nil {
+		err = ctx.Run()
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "lf-overlay: %s\n", strings.ReplaceAll(err.Error(), "\n", "; "))
 		os.Exit(1)
 	}

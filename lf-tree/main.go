@@ -114,10 +114,10 @@ func main() {
 	var c cli
 	ctx := kong.Parse(&c, kong.Name("lf-tree"), kong.Description("Read and write LazyFork's container tree."))
 	dir := c.Dir
-	var err error
-	if dir == "" {
+	err := paths.Ensure() // the state roots are root's, 0700, no symlinks: or refuse
+	if err == nil && dir == "" {
 		dir = paths.Containers()
-	} else {
+	} else if err == nil {
 		// put and rm write and remove below it: only inside the state roots.
 		dir, err = paths.InState(dir)
 	}

@@ -123,8 +123,8 @@ func TestHostileContainerOutputs(t *testing.T) {
 }
 
 // TestUnsafeStateRoots: a LAZYFORK_RUN another user made (or anyone may write, or that is
-// a symlink) is refused by the porcelain and by a stage (those run through lib/stagecmd:
-// lf-dump, lf-memfile, lf-restore), with the fix in the message,
+// a symlink) is refused by the porcelain and by the stages that use the state roots, with
+// the fix in the message,
 // and nothing is created in it.
 func TestUnsafeStateRoots(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -153,8 +153,10 @@ func TestUnsafeStateRoots(t *testing.T) {
 			before := listDir(t, run) + "|" + listDir(t, run+"-real")
 			_, errOut, code := e.sh("lazyfork list")
 			oneLineError(t, "lazyfork list", errOut, code, c.want)
-			_, errOut, code = e.sh("lf-dump nosuch")
-			oneLineError(t, "lf-dump", errOut, code, c.want)
+			for _, stage := range []string{"lf-dump nosuch", "lf-tree list", "lf-overlay teardown < /dev/null"} {
+				_, errOut, code = e.sh(stage)
+				oneLineError(t, stage, errOut, code, c.want)
+			}
 			if after := listDir(t, run) + "|" + listDir(t, run+"-real"); after != before {
 				t.Errorf("something was created in the refused directory: %q -> %q", before, after)
 			}
