@@ -30,6 +30,9 @@ type Options struct {
 // memory into files, restore N forks, drop the transient snapshot. A stopped container
 // is forked straight from the snapshot it was stopped into.
 func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options) ([]stage.Fork, *stage.Snapshot, error) {
+	if err := stage.CheckRecord(c); err != nil {
+		return nil, nil, fmt.Errorf("fork %s: %w", displayName(c), err)
+	}
 	if c.State == tree.StateStopped {
 		s, err := LoadSnapshot(c.Snapshot)
 		if err != nil {
@@ -128,6 +131,9 @@ func MarkStopped(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 func Start(ctx context.Context, rt *runtime.Runtime, c *tree.Container) error {
 	if c.State != tree.StateStopped {
 		return fmt.Errorf("start %s: it is %s, not stopped", displayName(c), rt.State(c))
+	}
+	if err := stage.CheckRecord(c); err != nil {
+		return fmt.Errorf("start %s: %w", displayName(c), err)
 	}
 	s, err := LoadSnapshot(c.Snapshot)
 	if err != nil {
