@@ -53,3 +53,17 @@ clean:
 .PHONY: test-setup
 test-setup:
 	@bash scripts/test-setup.sh
+
+# make install / make uninstall [PREFIX=/usr/local] [DESTDIR=] [PYTHON=python3]: the binaries
+# (lazyfork, lfork, lf-*), a systemd unit for `lazyfork daemon run`, bash and zsh completion,
+# and the Python SDK (if $(PYTHON) has pip); uninstall removes what the manifest
+# $(PREFIX)/share/lazyfork/install-manifest lists. scripts/test-install.sh tests both.
+PREFIX ?= /usr/local
+DESTDIR ?=
+PYTHON ?= python3
+.PHONY: install uninstall
+install: build
+	@PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" BIN="$(BIN)" PYTHON="$(PYTHON)" bash packaging/install.sh install
+
+uninstall:
+	@PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" bash packaging/install.sh uninstall

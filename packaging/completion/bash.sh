@@ -1,0 +1,6 @@
+_lazyfork() {
+  local cur=${COMP_WORDS[COMP_CWORD]} IFS=$'\n'
+  COMPREPLY=($(compgen -W "$(__lazyfork_candidates "$cur" "${COMP_WORDS[@]:0:COMP_CWORD}" | sort -u)" -- "$cur"))
+  [ ${#COMPREPLY[@]} -gt 0 ] || COMPREPLY=($(compgen -f -- "$cur"))
+}
+complete -F _lazyfork lazyfork lfork lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree
