@@ -1,0 +1,250 @@
+#!/bin/bash
+# make test-v2: run the project's privileged Go tests on a pure cgroup v2 machine.
+#
+# Boots Debian trixie's kernel in qemu with cgroup_no_v1=all and
+# systemd.unified_cgroup_hierarchy=1, on a debootstrapped trixie root (CRIU 4.1 from
+# Debian) shared read-only over virtiofs, and runs every package's compiled test binary
+# inside it (scripts/v2/guest-init.sh), printing go test's ok/FAIL lines and a final
+# "N passed, N failed". Exit code 0 only if every package passed.
+#
+# Nothing is installed on the host except qemu-system-x86 from the host's own release
+# (--no-install-recommends, refused if it would upgrade anything). The kernel package is
+# downloaded and unpacked privately, never installed. Cached under $LF_V2_CACHE:
+#   kernel-<version>/   the unpacked kernel package, vmlinuz and an extracted vmlinux
+#   root-<stamp>.tar.zst and root-<stamp>/   the guest root (debootstrap, ~80 s once)
+#
+# Settings (environment):
+#   LF_V2_PKGS     import paths to run (default: every package of the module)
+#   LF_V2_ACCEL    auto (default), kvm or tcg. auto uses TCG on a PVM host (kvm_pvm only
+#                  runs PVM-enabled guest kernels; Debian's stops in its decompressor)
+#   LF_V2_MEM, LF_V2_SMP   guest memory (MiB, 4096) and CPUs (2)
+#   LF_V2_TIMEOUT  hard limit for the whole VM in seconds (3600)
+#   LF_V2_PKG_TIMEOUT  per package, seconds (1500, like make test's 25m)
+#   LF_V2_TEST_ARGS    extra test binary flags, e.g. "-test.run=TestX -test.v"
+#   LF_V2_CGROUP_PARENT  LAZYFORK_CGROUP_PARENT for the tests (default /lazyfork-test.slice,
+#                  an empty group the guest delegates: the tests run inside a systemd-like
+#                  service group, which holds processes and so cannot get child groups with
+#                  controllers). Set it empty to test the product's default parent.
+#   LF_V2_ENV      extra VAR=value words for the tests
+#   LF_V2_KEEP=1   keep the run directory (logs are always copied to $LF_V2_CACHE/last)
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cache=${LF_V2_CACHE:-/var/cache/lazyfork/v2}
+bin=${LAZYFORK_BIN:-$repo/bin}
+suite=trixie
+mirror=${LF_V2_MIRROR:-http://deb.debian.org/debian}
+mem=${LF_V2_MEM:-4096}
+smp=${LF_V2_SMP:-2}
+vm_timeout=${LF_V2_TIMEOUT:-3600}
+pkg_timeout=${LF_V2_PKG_TIMEOUT:-1500}
+# What the guest root carries: CRIU from Debian, what the tests exec (python3 with pip for
+# the SDK test, gcc for a hostile-library test, unshare/timeout/tar), kmod for overlay.
+root_pkgs=criu,python3,python3-pip,gcc,libc6-dev,kmod,iproute2,procps,psmisc
+root_rev=1 # bump when the root's recipe changes
+
+log() { echo "test-v2: $*" >&2; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
+
+[ "$(id -u)" = 0 ] || { log "needs root (debootstrap, virtiofsd, the privileged tests)"; exit 2; }
+mkdir -p "$cache"
+exec 9>"$cache/lock"
+flock -n 9 || { log "another test-v2 holds $cache/lock; waiting"; flock 9; }
+
+# --- qemu from the host's own release -------------------------------------------------
+qemu=$(command -v qemu-system-x86_64 || true)
+virtiofsd=/usr/lib/qemu/virtiofsd
+if [ -z "$qemu" ] || [ ! -x "$virtiofsd" ]; then
+	plan=$(apt-get -s install --no-install-recommends qemu-system-x86 2>&1) || { echo "$plan" >&2; exit 2; }
+	if grep -q '^Inst .*\[' <<<"$plan"; then
+		log "installing qemu-system-x86 would upgrade installed packages; install it yourself:"
+		grep '^Inst .*\[' <<<"$plan" >&2
+		exit 2
+	fi
+	log "installing qemu-system-x86 from the host's release (--no-install-recommends)"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >&2
+	qemu=$(command -v qemu-system-x86_64)
+fi
+[ -x "$virtiofsd" ] || { log "$virtiofsd missing (qemu-system-common >= 8 dropped it: install the virtiofsd package and adapt)"; exit 2; }
+
+# --- the guest kernel: Debian trixie's, downloaded and unpacked privately --------------
+apt_dir=$cache/apt
+apt_private=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+	-o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache" -o Dir::State::status=/dev/null
+	-o APT::Sandbox::User=root)
+kdir=$(ls -d "$cache"/kernel-*/ 2>/dev/null | sort -V | tail -1 || true)
+kdir=${kdir%/}
+if [ -z "$kdir" ] || [ ! -f "$kdir/vmlinux" ] || [ -n "${LF_V2_REFRESH_KERNEL:-}" ]; then
+	t=$(now)
+	mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
+	echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite main" >"$apt_dir/sources.list"
+	apt-get "${apt_private[@]}" update -qq >&2
+	kpkg=$(apt-cache "${apt_private[@]}" depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+	[ -n "$kpkg" ] || { log "no linux-image-amd64 in $suite"; exit 2; }
+	kver=${kpkg#linux-image-}
+	rm -f "$apt_dir"/debs/*.deb
+	(cd "$apt_dir/debs" && apt-get "${apt_private[@]}" download -qq "$kpkg" >&2)
+	kdir=$cache/kernel-$kver
+	rm -rf "$kdir.tmp" && mkdir -p "$kdir.tmp/pkg"
+	dpkg-deb -x "$apt_dir"/debs/"$kpkg"_*.deb "$kdir.tmp/pkg"
+	cp "$kdir.tmp/pkg/boot/vmlinuz-$kver" "$kdir.tmp/vmlinuz"
+	python3 "$repo/scripts/v2/extract-vmlinux.py" "$kdir.tmp/vmlinuz" "$kdir.tmp/vmlinux" >&2
+	echo "$kver" >"$kdir.tmp/version"
+	rm -f "$apt_dir"/debs/*.deb
+	rm -rf "$kdir" && mv "$kdir.tmp" "$kdir"
+	log "kernel $kver unpacked in $(since "$t")s"
+fi
+kver=$(cat "$kdir/version")
+
+# --- the guest root: debootstrap trixie once, cached as a tarball and a directory ------
+stamp=$(echo "$suite $root_pkgs $kver $root_rev $(sha256sum "$repo/scripts/v2/init-stub.sh" | cut -c1-16)" | sha256sum | cut -c1-12)
+root=$cache/root-$stamp
+tarball=$root.tar.zst
+if [ ! -f "$root/.complete" ]; then
+	t=$(now)
+	rm -rf --one-file-system "$root.tmp"
+	if [ -f "$tarball" ]; then
+		mkdir -p "$root.tmp"
+		tar --zstd -C "$root.tmp" -xpf "$tarball"
+		log "guest root unpacked from $tarball in $(since "$t")s"
+	else
+		log "building the guest root (debootstrap $suite minbase + $root_pkgs; about 80 s)"
+		nice -n 10 debootstrap --variant=minbase --include="$root_pkgs" "$suite" "$root.tmp" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
+			{ tail -20 "$cache/debootstrap.log" >&2; log "debootstrap failed (log: $cache/debootstrap.log)"; exit 2; }
+		rm -f "$root.tmp"/var/cache/apt/archives/*.deb "$root.tmp"/var/lib/apt/lists/*_Packages
+		mkdir -p "$root.tmp/usr/lib/modules" "$root.tmp/mnt/lazyfork-v2" "$root.tmp/work"
+		cp -a "$kdir/pkg/usr/lib/modules/$kver" "$root.tmp/usr/lib/modules/"
+		chroot "$root.tmp" depmod "$kver"
+		install -m 0755 "$repo/scripts/v2/init-stub.sh" "$root.tmp/sbin/lazyfork-v2-init"
+		echo lazyfork-v2 >"$root.tmp/etc/hostname"
+		t2=$(now)
+		tar --zstd -C "$root.tmp" -cpf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+		log "guest root built in $(since "$t")s (tarball $(du -h "$tarball" | cut -f1) in $(since "$t2")s)"
+	fi
+	touch "$root.tmp/.complete"
+	rm -rf --one-file-system "$root" && mv "$root.tmp" "$root"
+	# Older roots and tarballs are of no further use.
+	for old in "$cache"/root-*; do
+		case $old in "$root" | "$tarball") ;; *) rm -rf --one-file-system "$old" ;; esac
+	done
+fi
+
+# --- the run: the checkout, binaries, compiled tests and the image store -------------
+run=$(mktemp -d "$cache/run.XXXXXX")
+pids=()
+cleanup() {
+	local rc=$?
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	if [ -d "$run/result" ]; then
+		rm -rf "$cache/last" && mkdir -p "$cache/last"
+		cp -a "$run/result/." "$run"/*.log "$cache/last/" 2>/dev/null || true
+	fi
+	[ -n "${LF_V2_KEEP:-}" ] || rm -rf --one-file-system "$run"
+	exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+t=$(now)
+mkdir -p "$run/repo" "$run/tests" "$run/result"
+# The checkout as it is now (the binaries and tests are built from it), minus .git and bin.
+tar -C "$repo" --exclude=./.git --exclude=./bin -cf - . | tar -C "$run/repo" -xf -
+cp -a "$bin" "$run/repo/bin"
+[ -x "$run/repo/bin/lazyfork" ] || { log "$bin/lazyfork missing: run make build"; exit 2; }
+# One file: the guest unpacks it to tmpfs (copying 8000 files over virtiofs under TCG is slow).
+tar -C /var/lib/lazyfork -cf "$run/images.tar" images
+cp "$repo/scripts/v2/guest-init.sh" "$run/guest-init.sh"
+
+# Every package, those that touch cgroups, the runtime, fork, CRIU and the daemon first.
+mod=$(cd "$repo" && go list -m)
+if [ -n "${LF_V2_PKGS:-}" ]; then
+	want=$LF_V2_PKGS
+else
+	first="lib/cgroup lib/runtime lib/fork lib/criu lib/memfile lib/daemon cmd/lazyfork"
+	want=$(for p in $first; do echo "$mod/$p"; done; cd "$repo" && go list ./... | grep -v -x -F -f <(for p in $first; do echo "$mod/$p"; done))
+fi
+entries=""
+testpkgs=()
+for p in $want; do
+	info=$(cd "$repo" && go list -f '{{.Dir}} {{if or .TestGoFiles .XTestGoFiles}}yes{{end}}' "$p")
+	dir=${info%% *}
+	if [ "${info#* }" = yes ]; then
+		testpkgs+=("$p")
+		entries+=" $p=$dir:$(basename "$p").test"
+	else
+		entries+=" $p=$dir:-"
+	fi
+done
+(cd "$repo" && nice -n 10 go test -c -o "$run/tests/" "${testpkgs[@]}") >&2 ||
+	{ log "compiling the tests failed"; exit 1; }
+cat >"$run/config" <<EOF
+REPO='$repo'
+PKGS='$entries'
+PKG_TIMEOUT='$pkg_timeout'
+TEST_ARGS='${LF_V2_TEST_ARGS:-}'
+EXTRA_ENV='${LF_V2_ENV:-}'
+CGROUP_PARENT='${LF_V2_CGROUP_PARENT-/lazyfork-test.slice}'
+EOF
+log "run prepared in $(since "$t")s: ${#testpkgs[@]} test binaries, checkout, binaries, image store"
+
+# --- accelerator ----------------------------------------------------------------------
+accel=${LF_V2_ACCEL:-auto}
+if [ "$accel" = auto ]; then
+	if [ -d /sys/module/kvm_pvm ]; then
+		accel=tcg # see the header: PVM runs PVM-enabled kernels only
+	elif [ -r /dev/kvm ] && [ -w /dev/kvm ]; then
+		accel=kvm
+	else
+		accel=tcg
+	fi
+fi
+kernel_args="console=ttyS0 quiet panic=1 systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all"
+kernel_args+=" rootfstype=virtiofs root=lfroot ro init=/sbin/lazyfork-v2-init"
+case $accel in
+kvm) accel_args=(-accel kvm -cpu host) kernel=$kdir/vmlinuz ;;
+tcg) accel_args=(-accel tcg,thread=multi -cpu max) kernel=$kdir/vmlinux ;;
+*) log "LF_V2_ACCEL=$accel: want auto, kvm or tcg"; exit 2 ;;
+esac
+
+# --- boot -----------------------------------------------------------------------------
+nice -n 10 "$virtiofsd" --socket-path="$run/root.sock" -o source="$root" -o cache=always \
+	-o sandbox=chroot -o no_posix_lock -o log_level=err >"$run/virtiofsd-root.log" 2>&1 &
+pids+=($!)
+nice -n 10 "$virtiofsd" --socket-path="$run/run.sock" -o source="$run" -o cache=none \
+	-o sandbox=chroot -o no_posix_lock -o log_level=err >"$run/virtiofsd-run.log" 2>&1 &
+pids+=($!)
+for s in root run; do
+	for _ in $(seq 100); do [ -S "$run/$s.sock" ] && break; sleep 0.05; done
+	[ -S "$run/$s.sock" ] || { log "virtiofsd ($s) did not start: $(cat "$run/virtiofsd-$s.log")"; exit 2; }
+done
+: >"$run/tests.log"
+log "booting $kernel ($accel, ${mem} MiB, $smp CPUs; console log: $cache/last/console.log)"
+tb=$(now)
+nice -n 10 timeout -k 10 "$vm_timeout" "$qemu" "${accel_args[@]}" -machine q35 -m "$mem" -smp "$smp" \
+	-object memory-backend-memfd,id=mem,size="${mem}M",share=on -numa node,memdev=mem \
+	-chardev socket,id=vfsroot,path="$run/root.sock" -device vhost-user-fs-pci,chardev=vfsroot,tag=lfroot \
+	-chardev socket,id=vfsrun,path="$run/run.sock" -device vhost-user-fs-pci,chardev=vfsrun,tag=lfrun \
+	-kernel "$kernel" -append "$kernel_args" \
+	-display none -monitor none -nodefaults -no-reboot \
+	-serial file:"$run/console.log" -serial file:"$run/tests.log" >"$run/qemu.log" 2>&1 &
+qpid=$!
+pids+=($qpid)
+tail -n +1 -f --pid=$qpid "$run/tests.log" &
+pids+=($!)
+qrc=0
+wait $qpid || qrc=$?
+sleep 0.3
+log "VM ran $(since "$tb")s (qemu exit $qrc)"
+
+if [ ! -f "$run/result/rc" ]; then
+	[ $qrc = 124 ] && log "the VM hit LF_V2_TIMEOUT=${vm_timeout}s"
+	log "no result from the VM; console log tail:"
+	tail -n 40 "$run/console.log" >&2 || true
+	cat "$run/qemu.log" >&2 || true
+	exit 1
+fi
+rc=$(cat "$run/result/rc")
+[ "$rc" = 0 ] || log "failures; logs per package in $cache/last/"
+exit "$rc"
