@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lazyfork/lazyfork/lib/runtime"
 )
 
 // world is what a hostile document could damage, as text to compare.
@@ -347,6 +349,7 @@ func TestHostileStageDocuments(t *testing.T) {
 		}
 		return r
 	}
+	cases := map[string]map[string]any{}
 	for name, set := range map[string]map[string]any{
 		"cgroup decoy":      {"cgroup": cgPaths, "pid": decoyPid},
 		"cgroup ../../":     {"cgroup": up},
@@ -355,9 +358,20 @@ func TestHostileStageDocuments(t *testing.T) {
 		"lower /":           {"lower": []string{"/"}},
 		"rootfs /":          {"rootfs": "/"},
 	} {
+		cases[name] = set
+	}
+	// Everything else c1's own, but the pid the host's init: CRIU would dump it.
+	initStart, err := runtime.StartTime(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases["pid of the host's init"] = map[string]any{"pid": 1, "start_time": initStart}
+	for name, set := range cases {
 		r := forgedRec(set)
 		f := docFile(t, docs, "record-"+strings.ReplaceAll(name, " ", "-"), r)
-		w.refuse(t, "lf-tree put "+name, "lf-tree put < "+f, "refused stage input")
+		if name != "pid of the host's init" { // a record's pid is not a path: put takes it
+			w.refuse(t, "lf-tree put "+name, "lf-tree put < "+f, "refused stage input")
+		}
 		// The same record written behind lf-tree's back: lf-dump must refuse it.
 		recDir := filepath.Join(cdir, forgedID)
 		if err := os.MkdirAll(recDir, 0o700); err != nil {

@@ -74,8 +74,12 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
 	// CRIU dumps the tree under c.Pid: it must be one of the container's own processes.
-	if pids, err := cg.Procs(); err != nil || !slices.Contains(pids, c.Pid) {
-		return nil, fmt.Errorf("dump %s: pid %d is not in its cgroup (%v): %w", name, c.Pid, err, stage.ErrForged)
+	pids, err := cg.Procs()
+	if err != nil {
+		return nil, fmt.Errorf("dump %s: %w", name, err)
+	}
+	if !slices.Contains(pids, c.Pid) {
+		return nil, fmt.Errorf("dump %s: %w: its pid %d is not one of its cgroup's processes", name, stage.ErrForged, c.Pid)
 	}
 	if !o.Force {
 		if libs := liveAllocators(cg); len(libs) > 0 {
