@@ -129,9 +129,11 @@ assert libc.inotify_add_watch(fd, b"/tmp", 0x100) > 0
 for i in itertools.count():
     r, _, _ = select.select([fd], [], [], 0.1)
     if r:
-        buf = os.read(fd, 4096)
-        wd, mask, cookie, n = struct.unpack_from("iIII", buf)
-        print("event", buf[16:16 + n].rstrip(b"\0").decode(), flush=True)
+        buf, off = os.read(fd, 4096), 0
+        while off < len(buf):
+            wd, mask, cookie, n = struct.unpack_from("iIII", buf, off)
+            print("event", buf[off + 16:off + 16 + n].rstrip(b"\0").decode(), flush=True)
+            off += 16 + n
     else:
         print(i, flush=True)
 `
@@ -145,5 +147,53 @@ for i in itertools.count():
 	})
 	if log := strings.Join(lines(src), "\n"); strings.Contains(log, "from-fork") {
 		t.Error("the source saw the fork's file events")
+	}
+}
+
+// A process with tens of thousands of mappings forks: its anonymous memory goes into one
+// memory file (one per process, not per mapping: 20,000 files ran out of descriptors).
+func TestForkManyMappings(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import ctypes, itertools, time, zlib
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+N, PS = 20000, 4096
+base = libc.mmap(None, N * PS, 3, 0x22, -1, 0)
+for i in range(N):
+    ctypes.memset(base + i * PS, i % 251 + 1, 64)
+    if i % 2:
+        libc.mprotect(ctypes.c_void_p(base + i * PS), PS, 1)  # alternate protections: no merging
+want = zlib.crc32(ctypes.string_at(base, N * PS))
+maps = sum(1 for _ in open("/proc/self/maps"))
+for i in itertools.count():
+    print(i, maps, zlib.crc32(ctypes.string_at(base, N * PS)) == want, flush=True)
+    time.sleep(0.2)
+`
+	src := create(t, rt, "maps", "python3", "-c", py)
+	testutil.Eventually(t, 30*time.Second, "the mappings to be made", func() bool { return len(lines(src)) > 1 })
+	forks, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
+	if err != nil {
+		t.Fatalf("fork of a process with 20,000 mappings: %v", err)
+	}
+	f, err := rt.Tree.Get(forks[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(lines(f))
+	testutil.Eventually(t, 20*time.Second, "the fork to go on", func() bool { return len(lines(f)) > n+2 })
+	l := lines(f)
+	if last := strings.Fields(l[len(l)-1]); len(last) != 3 || last[2] != "True" {
+		t.Fatalf("fork's last line %q: its memory differs from the source's", l[len(l)-1])
+	}
+	mem, _ := os.ReadDir(f.MemDir)
+	anon := 0
+	for _, m := range mem {
+		if strings.HasSuffix(m.Name(), "-anon.mem") {
+			anon++
+		}
+	}
+	if anon != 1 || len(mem) > 100 {
+		t.Errorf("%d memory files, %d of them anonymous memory, for one process with 20,000 mappings; want one anonymous file and one per library", len(mem), anon)
 	}
 }

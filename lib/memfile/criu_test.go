@@ -337,30 +337,31 @@ func smapsOf(t *testing.T, pid int, path string) map[string]int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cur map[string]int64
+	// Summed over every mapping of path: a process's anonymous memory file backs all of
+	// its anonymous mappings.
+	var sum map[string]int64
+	in := false
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
 		if len(f) == 0 {
 			continue
 		}
 		if strings.Contains(f[0], "-") && len(f) >= 5 {
-			if cur != nil {
-				return cur
-			}
-			if len(f) >= 6 && f[5] == path {
-				cur = map[string]int64{}
+			in = len(f) >= 6 && f[5] == path
+			if in && sum == nil {
+				sum = map[string]int64{}
 			}
 			continue
 		}
-		if cur != nil && len(f) >= 2 && strings.HasSuffix(f[0], ":") {
+		if in && len(f) >= 2 && strings.HasSuffix(f[0], ":") {
 			v, _ := strconv.ParseInt(f[1], 10, 64)
-			cur[strings.TrimSuffix(f[0], ":")] = v
+			sum[strings.TrimSuffix(f[0], ":")] += v
 		}
 	}
-	if cur == nil {
+	if sum == nil {
 		t.Fatalf("process %d does not map %s", pid, path)
 	}
-	return cur
+	return sum
 }
 
 // rollup returns the fields (kB) of /proc/PID/smaps_rollup.

@@ -12,7 +12,7 @@ import (
 // through 4 KiB pages costs it a 4 KiB page-table page (~0.45 MB for a working fork of a
 // 256 MiB heap). A stretch that is one huge page in the file's page cache is mapped by a
 // single PMD instead, at no cost, once the file offset and the address agree modulo 2 MiB
-// (memFile.at). MADV_COLLAPSE makes such a page from written small pages whatever the
+// (vmaInfo.off). MADV_COLLAPSE makes such a page from written small pages whatever the
 // tmpfs's huge= setting, so the state tmpfs needs no special mount; the forks' own faults
 // on holes still allocate small pages there. Only dense stretches are collapsed: a huge
 // page fills its holes with zeros, which would cost RAM for sparse memory.

@@ -7,7 +7,10 @@
 // and tuning-findings.md):
 //   - private anonymous VMAs with dumped pages (status 0x201/0x221, flags 0x22 give or
 //     take MAP_NORESERVE, no MAP_GROWSDOWN, no MADV_WIPEONFORK) become private mappings
-//     of a 2^47-byte sparse file holding their pages at vaddr-start;
+//     of one 2^47-byte sparse file per process, holding each page at its own address
+//     (file offset = vaddr): one file however many mappings a process has (a process with
+//     30,000 mappings needed 20,000 files and as many descriptors), and offsets agree with
+//     addresses on huge-page boundaries;
 //   - optionally, file-backed private VMAs with dumped pages (status exactly 0x41) become
 //     private mappings of a file holding the original file's bytes with the dumped pages
 //     written over them;
@@ -156,7 +159,8 @@ type task struct {
 	vmas     []*vmaInfo // sorted by start
 	pieces   []piece    // the pagemap split at VMA boundaries, in order
 	changed  bool
-	keptData int64 // bytes of pages staying in the image
+	keptData int64    // bytes of pages staying in the image
+	anon     *memFile // the process's anonymous memory file, once it has one
 }
 
 type vmaInfo struct {
@@ -167,6 +171,7 @@ type vmaInfo struct {
 	reg     *fdinfo.FileEntry
 	family  string // base name of the family file it maps (delta VMAs)
 	out     *memFile
+	off     int64 // offset in out that the VMA's start maps
 }
 
 // piece is a run of pagemap pages inside at most one VMA.

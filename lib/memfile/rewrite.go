@@ -36,13 +36,13 @@ type memFile struct {
 	kind  string
 	size  int64
 	t     *task
-	v     *vmaInfo
+	v     *vmaInfo   // the first VMA it holds
+	vmas  []*vmaInfo // every VMA it holds (anonymous memory: all of a process's)
 	f     *os.File
-	punch bool // zero pages must punch holes: base bytes lie under them
-	// at is the file offset the VMA's start maps: for anonymous memory its start modulo
-	// 2 MiB, so that file offsets and addresses agree on huge-page boundaries and a huge
-	// tmpfs page can be mapped whole (one PMD, no page-table page).
-	at        int64
+	id    uint32 // its files.img entry, shared by every VMA that maps it
+	punch bool   // zero pages must punch holes: base bytes lie under them
+	// VMAs' offsets (vmaInfo.off) agree with their addresses modulo 2 MiB where memory is
+	// anonymous, so that a huge tmpfs page can be mapped whole (one PMD, no page-table page).
 	hugePages int // 2 MiB stretches collapsed into huge pages
 	pieces    []piece
 	written   int64
@@ -126,11 +126,13 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 				size = AnonFileSize
 			}
 			v.act = actRebase
-			mf := r.addFile(t, v, fmt.Sprintf("%s%s%x-%s", prefix, who, start, tail), kindOf(tail), size, true)
-			mf.dataSize += shared * pageSize
+			var mf *memFile
 			if size == AnonFileSize {
-				mf.at = hugeOffset(start)
+				mf = r.anonFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start))
+			} else {
+				mf = r.addFile(t, v, fmt.Sprintf("%s%s%x-%s", prefix, who, start, tail), kindOf(tail), size, true)
 			}
+			mf.dataSize += shared * pageSize
 			return nil
 		}
 		if !r.opts.ConvertFilePrivate || v.present == 0 || v.missing || r.set.remapped[fe.GetId()] {
@@ -145,7 +147,7 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 			return nil
 		}
 		v.act = actAnon
-		r.addFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start), "anon", AnonFileSize, false).at = hugeOffset(start)
+		r.anonFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start))
 	}
 	return nil
 }
@@ -153,14 +155,27 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 // hugeAlign is the size of a PMD-mapped huge page (x86-64, arm64 with 4 KiB pages).
 const hugeAlign = 2 << 20
 
-func hugeOffset(start uint64) int64 { return int64(start % hugeAlign) }
-
 func (r *rewriter) addFile(t *task, v *vmaInfo, name, kind string, size int64, punch bool) *memFile {
-	mf := &memFile{name: name, path: filepath.Join(r.opts.FamilyDir, name), kind: kind, size: size, t: t, v: v, punch: punch}
+	mf := &memFile{name: name, path: filepath.Join(r.opts.FamilyDir, name), kind: kind, size: size, t: t, v: v, vmas: []*vmaInfo{v}, punch: punch}
 	v.out = mf
 	t.changed = true
 	r.files = append(r.files, mf)
 	return mf
+}
+
+// anonFile adds v to its process's anonymous memory file (made on first use, named after
+// its first VMA), at the file offset equal to v's address.
+func (r *rewriter) anonFile(t *task, v *vmaInfo, name string) *memFile {
+	v.off = int64(v.e.GetStart())
+	if t.anon == nil {
+		t.anon = r.addFile(t, v, name, "anon", AnonFileSize, false)
+	} else {
+		v.out = t.anon
+		t.anon.vmas = append(t.anon.vmas, v)
+	}
+	// Rebased VMAs bring base bytes: a zero page over them must punch a hole.
+	t.anon.punch = t.anon.punch || v.act == actRebase
+	return t.anon
 }
 
 // familyBase reports whether an image file name is a family file under MountPath.
@@ -305,25 +320,27 @@ func mapPages(dir string, id uint32) ([]byte, error) {
 
 func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error {
 	fd := int(mf.f.Fd())
-	var err error
-	switch mf.v.act {
-	case actFile:
-		err = r.copyLibrary(mf)
-	case actRebase:
-		var n int64
-		base := r.family[mf.v.family]
-		n, err = copyExtents(fd, int(base.Fd()), int64(mf.v.e.GetPgoff()), int64(mf.v.e.GetEnd()-mf.v.e.GetStart()), mf.at)
-		mf.written += n
+	for _, v := range mf.vmas {
+		var err error
+		switch v.act {
+		case actFile:
+			err = r.copyLibrary(mf)
+		case actRebase:
+			var n int64
+			base := r.family[v.family]
+			n, err = copyExtents(fd, int(base.Fd()), int64(v.e.GetPgoff()), int64(v.e.GetEnd()-v.e.GetStart()), v.off)
+			mf.written += n
+			if err != nil {
+				err = fmt.Errorf("copy family file %s into %s: %w", v.family, mf.name, err)
+			}
+		}
 		if err != nil {
-			err = fmt.Errorf("copy family file %s into %s: %w", mf.v.family, mf.name, err)
+			return err
 		}
 	}
-	if err != nil {
-		return err
-	}
-	start := mf.v.e.GetStart()
 	for _, p := range mf.pieces {
-		dst := mf.at + int64(p.vaddr-start)
+		v := mf.t.vmas[p.vma]
+		dst := v.off + int64(p.vaddr-v.e.GetStart())
 		src := pages[p.src : p.src+p.n*pageSize]
 		n, err := writePages(ctx, fd, src, dst, mf.punch)
 		mf.written += n
@@ -332,7 +349,9 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 		}
 	}
 	if r.opts.HugePages && mf.size == AnonFileSize {
-		mf.hugePages = collapseDense(fd, mf.at, int64(mf.v.e.GetEnd()-mf.v.e.GetStart()))
+		for _, v := range mf.vmas {
+			mf.hugePages += collapseDense(fd, v.off, int64(v.e.GetEnd()-v.e.GetStart()))
+		}
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -431,18 +450,24 @@ func (r *rewriter) writeImages(ctx context.Context, undo *cleanup) error {
 	return nil
 }
 
-// pointAt makes v a private mapping of its memory file at offset mf.at and adds the file
-// entry CRIU opens it by: the in-container name, no mnt_id, the real size and mode.
+// pointAt makes v a private mapping of its memory file at offset v.off and, for the first
+// VMA of a file, adds the file entry CRIU opens it by: the in-container name, no mnt_id,
+// the real size and mode. Every VMA of one file shares its entry, so CRIU opens it once.
 func (r *rewriter) pointAt(v *vmaInfo) {
 	mf := v.out
-	r.set.maxID++
-	id := r.set.maxID
 	e := v.e
 	e.Status = proto.Uint32(statusFilePriv)
 	e.Flags = proto.Uint32(e.GetFlags() &^ unix.MAP_ANONYMOUS)
-	e.Shmid = proto.Uint64(uint64(id))
-	e.Pgoff = proto.Uint64(uint64(mf.at))
+	e.Pgoff = proto.Uint64(uint64(v.off))
 	e.Fdflags = proto.Uint32(0)
+	if mf.id != 0 {
+		e.Shmid = proto.Uint64(uint64(mf.id))
+		return
+	}
+	r.set.maxID++
+	id := r.set.maxID
+	mf.id = id
+	e.Shmid = proto.Uint64(uint64(id))
 	zero := func() *uint32 { return proto.Uint32(0) }
 	fe := &fdinfo.FileEntry{
 		Type: fdinfo.FdTypes_REG.Enum(),
@@ -577,13 +602,15 @@ func (r *rewriter) finish() (retErr error) {
 	for _, mf := range r.files {
 		r.res.Files = append(r.res.Files, File{Name: mf.name, Size: mf.size, Bytes: mf.bytes, VMAStart: mf.v.e.GetStart(), Kind: mf.kind})
 		refs[mf.name] = true
-		switch mf.v.act {
-		case actAnon:
-			r.res.VMAsConverted++
-		case actFile:
-			r.res.FileVMAsConverted++
-		case actRebase:
-			r.res.VMAsRebased++
+		for _, v := range mf.vmas {
+			switch v.act {
+			case actAnon:
+				r.res.VMAsConverted++
+			case actFile:
+				r.res.FileVMAsConverted++
+			case actRebase:
+				r.res.VMAsRebased++
+			}
 		}
 	}
 	for _, t := range r.set.tasks {
