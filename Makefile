@@ -67,3 +67,10 @@ install: build
 
 uninstall:
 	@PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" bash packaging/install.sh uninstall
+
+# The privileged Go tests on a pure cgroup v2 machine: Debian trixie's kernel booted in qemu
+# with cgroup_no_v1=all, on a debootstrapped trixie root with its CRIU, cached in
+# /var/cache/lazyfork/v2 (settings: the header of scripts/test-v2.sh). go test's ok/FAIL lines.
+.PHONY: test-v2
+test-v2: build image
+	@LAZYFORK_BIN="$(BIN)" bash scripts/test-v2.sh
