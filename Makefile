@@ -74,3 +74,10 @@ uninstall:
 .PHONY: test-v2
 test-v2: build image
 	@LAZYFORK_BIN="$(BIN)" bash scripts/test-v2.sh
+
+# CRIU's zdtm static tests, each through a fork, a plain CRIU copy and the source
+# (scripts/zdtm/): bench/results/zdtm.csv and docs/zdtm.md. Quick runs:
+# make zdtm ZDTM_ARGS="--only 'socket|maps' --limit 10" (results in /var/tmp/lazyfork-zdtm).
+.PHONY: zdtm
+zdtm: image
+	@bash scripts/zdtm/run.sh $(ZDTM_ARGS)

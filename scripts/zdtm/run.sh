@@ -1,0 +1,25 @@
+#!/bin/bash
+# Run the zdtm harness (see run.py) on this tree's bin/, one test at a time, niced.
+#   scripts/zdtm/run.sh                      all selected tests -> bench/results/zdtm.csv, docs/zdtm.md
+#   scripts/zdtm/run.sh --only 'socket|maps' a quick run -> $ZDTM_WORK/quick.csv, quick.md
+#   scripts/zdtm/run.sh --limit 10           the first 10 selected tests, likewise
+# Other options go to run.py (--step-timeout, --test-timeout, --privileged).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+. "$HERE/env.sh"
+
+if [ ! -f "$ZDTM_WORK/manifest.json" ] || ! "$LF" image list 2>/dev/null | grep -q "${ZDTM_IMAGE#*/}"; then
+	bash "$HERE/build.sh"
+fi
+
+quick=0
+for a in "$@"; do case $a in --only|--only=*|--limit|--limit=*) quick=1 ;; esac; done
+if [ $quick = 1 ]; then
+	csv=$ZDTM_WORK/quick.csv md=$ZDTM_WORK/quick.md
+else
+	csv=$REPO/bench/results/zdtm.csv md=$REPO/docs/zdtm.md
+fi
+nice -n 10 python3 "$HERE/run.py" --csv "$csv" "$@"
+python3 "$HERE/md.py" "$csv" "$ZDTM_WORK/manifest.json" >"$md"
+echo "results: $csv, $md" >&2
