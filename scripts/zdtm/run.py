@@ -165,7 +165,7 @@ class Runner:
                 pid = self.wait_started(src, t)
             except StepError as e:
                 r["fork"] = r["plain"] = r["source"] = "nostart" if e.step == "start" else "error"
-                r["fork_error"] = r["plain_error"] = r["source_error"] = "%s: %s" % (e.step, first_error(e.text))
+                r["fork_error"] = r["plain_error"] = r["source_error"] = start_error(e)
                 return r
             self.live.add(fork)
             rc, out, err = self.lazyfork("fork", src, "--name", fork)
@@ -186,7 +186,7 @@ class Runner:
                 pid = self.wait_started(plain, t)
             except StepError as e:
                 r["plain"] = "nostart"
-                r["plain_error"] = "%s: %s" % (e.step, first_error(e.text))
+                r["plain_error"] = start_error(e)
                 return r
             pipe = "set -o pipefail; %s %s | %s -n 1 --rm" % (
                 os.path.join(self.bin, "lf-dump"), plain, os.path.join(self.bin, "lf-restore"))
@@ -214,6 +214,15 @@ class StepError(Exception):
     def __init__(self, step, text):
         super().__init__("%s: %s" % (step, text))
         self.step, self.text = step, text
+
+
+def start_error(e):
+    """'start: start failed (exit 1): <the test's own first error line>'."""
+    lines = [l.strip() for l in e.text.splitlines() if l.strip()]
+    if e.step == "start" and lines:
+        why = [l for l in lines[1:] if re.search(r"(?i)err|fail|can't|denied|not permitted", l)]
+        return "start: %s%s" % (lines[0], (": " + first_error(why[0])) if why else "")
+    return "%s: %s" % (e.step, first_error(e.text))
 
 
 def first_error(text):
