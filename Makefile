@@ -51,7 +51,7 @@ clean:
 # The set-up itself, in a clean Debian bookworm root (debootstrap, cached in /var/cache/lazyfork/):
 # only packages of the release added, nothing upgraded, CRIU works there, a second run changes nothing.
 .PHONY: test-setup
-test-setup:
+test-setup: build
 	@bash scripts/test-setup.sh
 
 # make install / make uninstall [PREFIX=/usr/local] [DESTDIR=] [PYTHON=python3]: the binaries

@@ -55,6 +55,13 @@ fi
 
 # Inner part: in a private mount namespace.
 root=$LF_TEST_SETUP_ROOT
+# Nothing but stdio goes into the root: a descriptor inherited from whoever started this (job
+# runners leak some, e.g. a /dev/null on fd 10) would reach the processes dumped there, on a
+# mount the chroot cannot see ("Can't lookup mount=N for fd=10"). 255 is bash's script.
+for fd in /proc/$$/fd/*; do
+  fd=${fd##*/}
+  if [ "$fd" -gt 2 ] && [ "$fd" -lt 250 ]; then eval "exec $fd>&-"; fi
+done
 work=$(dirname "$root")
 arch=$(dpkg --print-architecture)
 t0=$(date +%s.%N)
@@ -115,6 +122,12 @@ chmod 755 "$root/usr/sbin/policy-rc.d"
 # The checkout's scripts/ (all setup.sh reads) where a user's checkout would be.
 mkdir -p "$root/root/lazyfork"
 cp -a "$src/scripts" "$root/root/lazyfork/"
+# For `make install` in the root (step 7): the built binaries, packaging/, python/.
+have_bin=
+if [ -x "$src/bin/lazyfork" ]; then
+  have_bin=1
+  cp -a "$src/bin" "$src/packaging" "$src/python" "$root/root/lazyfork/"
+fi
 
 # The root is a mount point of its own (CRIU needs the parent of /dev in the mount tree it
 # reads from /proc/self/mountinfo in the chroot: "No parent found for mountpoint ... (@./dev)").
@@ -291,6 +304,35 @@ check "$(cmp -s "$work/after/dpkg" "$work/again/dpkg" && echo 0 || echo 1)" "sec
 check "$(cmp -s "$work/after/private" "$work/again/private" && echo 0 || echo 1)" "second run: same files under /usr/local/lib/lazyfork (names, modes, sizes, mtimes, sha256)"
 check "$(cmp -s "$work/after/apt" "$work/again/apt" && cmp -s "$work/after/os-release" "$work/again/os-release" && echo 0 || echo 1)" "second run: /etc/apt and /etc/os-release unchanged"
 check "$(grep -qE '^setup: criu [0-9.]+.* ok' "$work/setup2.log" && echo 0 || echo 1)" "second run says: $(grep -E 'criu' "$work/setup2.log" | tail -1)"
+
+# 7. LazyFork installed into the root (packaging/install.sh, what `make install` runs; the root
+# has no make or Go): `lazyfork doctor` there names the CRIU the product picks and test-dumps
+# TCP and UDP sockets with it; uninstall leaves /usr/local as it was.
+if [ -n "$have_bin" ]; then
+  (cd "$root/usr/local" && find . -printf '%y %p %l\n' | sort) >"$work/local-before"
+  set +e
+  in_root bash /root/lazyfork/packaging/install.sh install >"$work/install.log" 2>&1 </dev/null
+  install_rc=$?
+  set -e
+  check "$install_rc" "packaging/install.sh install in the root: $(grep -E 'stage binaries|skipped|Python SDK|manifest' "$work/install.log" | sed 's/^install: //' | paste -sd';' -)"
+  set +e
+  doctor=$(in_root /usr/local/bin/lazyfork doctor 2>&1 </dev/null)
+  set -e
+  printf '%s\n' "$doctor" | grep -E '^(ok|FAIL|fail|warn|WARN) +criu' | sed 's/^/  | doctor: /' >&2 || true
+  check "$(grep -qE '^ok +criu +4\.[2-9][0-9.-]* at /usr/local/lib/lazyfork/criu/bin/criu \(private' <<<"$doctor" && echo 0 || echo 1)" \
+    "lazyfork doctor in the root picks the private CRIU: $(grep -E '^[a-zA-Z]+ +criu ' <<<"$doctor" | head -1 | tr -s ' ')"
+  check "$(grep -qE '^ok +criu sockets' <<<"$doctor" && echo 0 || echo 1)" \
+    "lazyfork doctor in the root: $(grep -E '^[a-zA-Z]+ +criu sockets' <<<"$doctor" | tr -s ' ' || echo 'no criu sockets line')"
+  set +e
+  in_root bash /root/lazyfork/packaging/install.sh uninstall >>"$work/install.log" 2>&1 </dev/null
+  uninstall_rc=$?
+  set -e
+  (cd "$root/usr/local" && find . -printf '%y %p %l\n' | sort) >"$work/local-after"
+  check "$([ "$uninstall_rc" = 0 ] && cmp -s "$work/local-before" "$work/local-after" && echo 0 || echo 1)" \
+    "packaging/install.sh uninstall in the root leaves /usr/local as before install $(diff "$work/local-before" "$work/local-after" | grep '^[<>]' | head -5 | paste -sd';' - || true)"
+else
+  say "note: no $src/bin/lazyfork (run make build): skipped installing LazyFork into the root"
+fi
 
 # Summary.
 echo
