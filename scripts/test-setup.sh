@@ -46,10 +46,19 @@ if [ -z "${LF_TEST_SETUP_ROOT:-}" ]; then
   trap cleanup EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
+  host_state() { dpkg-query -W -f '${Package} ${Version}\n'; cat /etc/os-release; find /etc/apt -type f -print0 | sort -z | xargs -0r sha256sum; }
+  host_before=$(host_state)
   set +e
   LF_TEST_SETUP_ROOT=$work/root unshare --mount --propagation private -- bash "$0" "$@" 9<&-
   rc=$?
   set -e
+  if [ "$(host_state)" = "$host_before" ]; then
+    echo "test-setup: host untouched: same dpkg list, /etc/os-release and /etc/apt as before the test" >&2
+  else
+    echo "test-setup: FAIL: the host changed during the test (another apt run at the same time?):" >&2
+    diff <(echo "$host_before") <(host_state) | grep '^[<>]' | head -20 >&2 || true
+    rc=1
+  fi
   exit "$rc"
 fi
 
