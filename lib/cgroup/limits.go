@@ -95,15 +95,13 @@ func (c *Cgroup) setLimitsV2(l Limits) error {
 		r.Pids = &cgroup2.Pids{Max: l.Pids}
 	}
 	if l.Devices {
-		// containerd compiles this list into an eBPF program attached to the group.
-		r.Devices = []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}
+		// containerd compiles this list into an eBPF program attached to the group: every
+		// entry needs its numbers, -1 for "any"; the first entry denies everything.
+		all := int64(-1)
+		r.Devices = []specs.LinuxDeviceCgroup{{Allow: false, Type: "a", Major: &all, Minor: &all, Access: "rwm"}}
 		for _, d := range AllowedDevices {
 			maj, min := d.Major, d.Minor
-			dev := specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &maj, Access: d.Access}
-			if min >= 0 {
-				dev.Minor = &min
-			}
-			r.Devices = append(r.Devices, dev)
+			r.Devices = append(r.Devices, specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &maj, Minor: &min, Access: d.Access})
 		}
 	}
 	if err := c.v2.Update(r); err != nil {

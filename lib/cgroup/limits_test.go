@@ -1,8 +1,11 @@
 package cgroup
 
 import (
+	"bytes"
+	"io"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -61,5 +64,55 @@ func TestLimitsAndDeviceList(t *testing.T) {
 	}
 	if len(l.CriuRootArgs()) != 3 {
 		t.Errorf("old record's CriuRootArgs = %v, want memory, pids, freezer", l.CriuRootArgs())
+	}
+}
+
+// TestDeviceFilterV2: on the v2 hierarchy the device list is an eBPF program (this hybrid
+// host keeps memory and pids on v1, so LazyFork's groups are v1; the v2 hierarchy can
+// still hold a group with a device program and no controllers).
+func TestDeviceFilterV2(t *testing.T) {
+	requireRoot(t)
+	h, err := detectHost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h.mounts[unified]; !ok {
+		t.Skip("no cgroup v2 hierarchy mounted")
+	}
+	c, err := resolve(h, true, testName(t), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.create(nil); err != nil {
+		t.Fatal(err)
+	}
+	cleanupGroup(t, c)
+	if err := c.SetLimits(Limits{Devices: true}); err != nil {
+		t.Fatal(err)
+	}
+	// /dev/null is on the list, /dev/kmsg (c 1:11) is not; mknod of a block device fails.
+	dir := t.TempDir()
+	script := "read _; cat /dev/null && echo null-ok; cat /dev/kmsg 2>/dev/null || echo kmsg-denied; mknod " + dir + "/blk b 8 0 2>/dev/null || echo mknod-denied"
+	cmd := exec.Command("sh", "-c", script)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddProc(cmd.Process.Pid); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(in, "\n")
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if got := strings.Join(strings.Fields(out.String()), " "); got != "null-ok kmsg-denied mknod-denied" {
+		t.Errorf("under the v2 device filter: %q, want null-ok kmsg-denied mknod-denied", got)
 	}
 }
