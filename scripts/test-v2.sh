@@ -26,12 +26,17 @@
 #                  service group, which holds processes and so cannot get child groups with
 #                  controllers). Set it empty to test the product's default parent.
 #   LF_V2_ENV      extra VAR=value words for the tests
+#   LF_V2_PATCH    a patch (-p1) applied to the snapshot of the checkout that is built and
+#                  tested: try a fix in the VM without touching the working tree
 #   LF_V2_KEEP=1   keep the run directory (logs are always copied to $LF_V2_CACHE/last)
+#
+# The binaries and test binaries are built from a snapshot of the working tree at
+# $LF_V2_CACHE/run/src (a stable path, so Go's build cache keeps working), which the guest
+# mounts at the same path: tests that find the repository through their source path work.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cache=${LF_V2_CACHE:-/var/cache/lazyfork/v2}
-bin=${LAZYFORK_BIN:-$repo/bin}
 suite=trixie
 mirror=${LF_V2_MIRROR:-http://deb.debian.org/debian}
 mem=${LF_V2_MEM:-4096}
@@ -40,7 +45,7 @@ vm_timeout=${LF_V2_TIMEOUT:-3600}
 pkg_timeout=${LF_V2_PKG_TIMEOUT:-1500}
 # What the guest root carries: CRIU from Debian, what the tests exec (python3 with pip for
 # the SDK test, gcc for a hostile-library test, unshare/timeout/tar), kmod for overlay.
-root_pkgs=criu,python3,python3-pip,gcc,libc6-dev,kmod,iproute2,procps,psmisc
+root_pkgs=criu,python3,python3-pip,gcc,libc6-dev,kmod,iproute2,procps,psmisc,busybox-static
 root_rev=1 # bump when the root's recipe changes
 
 log() { echo "test-v2: $*" >&2; }
@@ -131,7 +136,8 @@ if [ ! -f "$root/.complete" ]; then
 fi
 
 # --- the run: the checkout, binaries, compiled tests and the image store -------------
-run=$(mktemp -d "$cache/run.XXXXXX")
+run=$cache/run
+rm -rf --one-file-system "$run" "$cache"/run.* && mkdir -p "$run"
 pids=()
 cleanup() {
 	local rc=$?
@@ -148,27 +154,36 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 t=$(now)
-mkdir -p "$run/repo" "$run/tests" "$run/result"
-# The checkout as it is now (the binaries and tests are built from it), minus .git and bin.
-tar -C "$repo" --exclude=./.git --exclude=./bin -cf - . | tar -C "$run/repo" -xf -
-cp -a "$bin" "$run/repo/bin"
-[ -x "$run/repo/bin/lazyfork" ] || { log "$bin/lazyfork missing: run make build"; exit 2; }
+src=$run/src
+mkdir -p "$src" "$run/tests" "$run/result"
+# The checkout as it is now, minus .git and bin: what is built and tested.
+tar -C "$repo" --exclude=./.git --exclude=./bin -cf - . | tar -C "$src" -xf -
+if [ -n "${LF_V2_PATCH:-}" ]; then
+	patch -s -p1 -d "$src" <"$LF_V2_PATCH" || { log "LF_V2_PATCH=$LF_V2_PATCH does not apply"; exit 2; }
+	log "applied $LF_V2_PATCH to the snapshot"
+fi
+# The binaries, as make build makes them.
+mkdir -p "$src/bin"
+(cd "$src" && nice -n 10 go build -o bin/lazyfork ./cmd/lazyfork && ln -sf lazyfork bin/lfork &&
+	for s in lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree; do
+		[ ! -d "$s" ] || nice -n 10 go build -o "bin/$s" "./$s" || exit 1
+	done) >&2 || { log "building the binaries failed"; exit 1; }
 # One file: the guest unpacks it to tmpfs (copying 8000 files over virtiofs under TCG is slow).
 tar -C /var/lib/lazyfork -cf "$run/images.tar" images
 cp "$repo/scripts/v2/guest-init.sh" "$run/guest-init.sh"
 
 # Every package, those that touch cgroups, the runtime, fork, CRIU and the daemon first.
-mod=$(cd "$repo" && go list -m)
+mod=$(cd "$src" && go list -m)
 if [ -n "${LF_V2_PKGS:-}" ]; then
 	want=$LF_V2_PKGS
 else
 	first="lib/cgroup lib/runtime lib/fork lib/criu lib/memfile lib/daemon cmd/lazyfork"
-	want=$(for p in $first; do echo "$mod/$p"; done; cd "$repo" && go list ./... | grep -v -x -F -f <(for p in $first; do echo "$mod/$p"; done))
+	want=$(for p in $first; do echo "$mod/$p"; done; cd "$src" && go list ./... | grep -v -x -F -f <(for p in $first; do echo "$mod/$p"; done))
 fi
 entries=""
 testpkgs=()
 for p in $want; do
-	info=$(cd "$repo" && go list -f '{{.Dir}} {{if or .TestGoFiles .XTestGoFiles}}yes{{end}}' "$p")
+	info=$(cd "$src" && go list -f '{{.Dir}} {{if or .TestGoFiles .XTestGoFiles}}yes{{end}}' "$p")
 	dir=${info%% *}
 	if [ "${info#* }" = yes ]; then
 		testpkgs+=("$p")
@@ -177,10 +192,10 @@ for p in $want; do
 		entries+=" $p=$dir:-"
 	fi
 done
-(cd "$repo" && nice -n 10 go test -c -o "$run/tests/" "${testpkgs[@]}") >&2 ||
+(cd "$src" && nice -n 10 go test -c -o "$run/tests/" "${testpkgs[@]}") >&2 ||
 	{ log "compiling the tests failed"; exit 1; }
 cat >"$run/config" <<EOF
-REPO='$repo'
+REPO='$src'
 PKGS='$entries'
 PKG_TIMEOUT='$pkg_timeout'
 TEST_ARGS='${LF_V2_TEST_ARGS:-}'

@@ -96,7 +96,7 @@ say "# criu: $(criu --version 2>&1 | head -1), $(criu check 2>&1 | tail -1)"
 # 4. The project: its checkout at the path the test binaries were built from, the host's
 #    image store copied to tmpfs.
 mkdir -p "$REPO"
-mount --bind $S/repo "$REPO" || die "bind the checkout to $REPO"
+mount --bind $S/src "$REPO" || die "bind the checkout to $REPO"
 ti=$(cut -d' ' -f1 /proc/uptime)
 tar -C /var/lib/lazyfork -xf $S/images.tar || die "unpack the image store"
 say "# boot+setup $(awk -v a=$t0 -v b=$ti 'BEGIN{printf "%.1f", b-a}')s after init, image store copied in $(awk -v a=$ti -v b=$(cut -d' ' -f1 /proc/uptime) 'BEGIN{printf "%.1f", b-a}')s"
