@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
 # `make test-setup`: runs scripts/setup.sh in a clean Debian bookworm minbase root, as on a new
-# user's machine, and checks that it only ADDED packages of the root's own release (nothing
-# upgraded or removed), left /etc/os-release, apt's sources, pins and keys and python3 alone,
-# that the CRIU LazyFork picks works there (--version, check, a dump and restore of a process
-# holding TCP and UDP sockets), and that a second run changes nothing.
+# user's machine, and checks that
+#   - it only ADDED packages, each at its candidate version from the root's own release
+#     (nothing upgraded, downgraded or removed), and left /etc/os-release, apt's sources, pins
+#     and keys, and python3 (the release's 3.11) alone;
+#   - the CRIU LazyFork picks there (/usr/local/lib/lazyfork/criu/bin/criu) runs --version and
+#     check, and dumps and restores a python3 holding TCP and UDP sockets inside the root;
+#   - a second run changes nothing (dpkg list, files under /usr/local/lib/lazyfork) and says
+#     criu is ok;
+#   - LazyFork installed into the root (packaging/install.sh, what `make install` runs) finds
+#     that CRIU (`lazyfork doctor`), and its uninstall leaves /usr/local as it was;
+#   - the host itself did not change (dpkg list, /etc/os-release, /etc/apt).
+# It prints PASS/FAIL per check and a summary with the numbers, and exits 1 on any FAIL.
 #
 # The debootstrap result is cached as a tarball under /var/cache/lazyfork/ (rebuilt when older
 # than $LAZYFORK_TEST_SETUP_CACHE_DAYS days, default 7, or with LAZYFORK_TEST_SETUP_REFRESH=1):
-# the first run takes a few minutes for debootstrap, later runs unpack it in seconds.
+# the first run spends 1-3 minutes in debootstrap, later runs unpack the root in seconds.
 #
-# Everything runs in a private mount namespace: the chroot's /proc, /sys, /dev and /dev/pts
-# binds (and debootstrap's own mounts) vanish with it even if this script is killed. The
-# chroot is unmounted and removed at the end, on failure too; only the cache tarball stays.
-# A second concurrent run is refused (flock on the cache directory).
+# The chroot's mounts (the root bound onto itself, /proc, /sys, /dev, /dev/pts; debootstrap's
+# own) live in a private mount namespace, so they vanish with its last process even if this
+# script is killed; they are also unmounted on exit. The work directory under /var/tmp is
+# removed at the end, on failure too, after checking /proc/self/mountinfo for leftovers; only
+# the cache tarball stays. A second concurrent run is refused (flock on the cache directory).
 set -euo pipefail
 
 suite=${LAZYFORK_TEST_SETUP_SUITE:-bookworm}
@@ -28,6 +37,10 @@ if [ -z "${LF_TEST_SETUP_ROOT:-}" ]; then
   mkdir -p "$cache_dir"
   exec 9<"$cache_dir"
   flock -n 9 || { echo "test-setup: another test-setup is running (lock on $cache_dir); refusing to run a second one at once" >&2; exit 1; }
+  if ! command -v debootstrap >/dev/null; then # before the host's state is recorded
+    echo "test-setup: installing debootstrap from the host's release" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade debootstrap >&2
+  fi
   start=$(date +%s)
   work=$(mktemp -d /var/tmp/lazyfork-test-setup.XXXXXX)
   cleanup() {
@@ -95,10 +108,6 @@ trap 'exit 143' TERM
 trap '[[ $- != *e* ]] || echo "test-setup: FAIL: stopped at line $LINENO ($BASH_COMMAND)" >&2' ERR
 
 # 1. The clean root: debootstrap's result, cached.
-if ! command -v debootstrap >/dev/null; then
-  say "installing debootstrap from the host's release"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade debootstrap >&2
-fi
 mirror=$(grep -rhE '^[[:space:]]*(URIs:|deb )' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
   | grep -oE 'https?://[^ ]+/debian/?' | grep -v security | head -1 || true)
 mirror=${mirror:-http://deb.debian.org/debian}
