@@ -252,6 +252,7 @@ func TestConfinedByDefaultPrivilegedOptOut(t *testing.T) {
 	for mp, want := range map[string][]string{
 		"/proc/sys": {"ro"}, "/proc/keys": {"ro"}, "/proc/timer_list": {"ro"}, "/proc/sys/vm/overcommit_memory": {"ro"},
 		runtime.MemMount: {"ro", "nosuid", "nodev"},
+		"/dev":           {"nosuid"}, "/dev/shm": {"nosuid", "nodev", "noexec"},
 	} {
 		opts := strings.Split(mo[mp], ",")
 		for _, w := range want {

@@ -193,6 +193,9 @@ func setupMounts(mem int, confined bool) error {
 		return fmt.Errorf("write overcommit file: %w", err)
 	}
 	if confined {
+		if err := protectDev(); err != nil {
+			return err
+		}
 		if err := protectProc(); err != nil {
 			return err
 		}
@@ -238,6 +241,24 @@ func setupDev() error {
 	}
 	if err := unix.Chmod("/dev/shm", 0o1777); err != nil {
 		return fmt.Errorf("create /dev/shm: %w", err)
+	}
+	return nil
+}
+
+// protectDev gives /dev and /dev/shm runc's mount flags (/dev nosuid; /dev/shm nosuid,
+// nodev, noexec) with binds onto themselves: they stay directories of the root file
+// system, which CRIU restores without archiving anything.
+func protectDev() error {
+	for _, m := range []struct {
+		dir   string
+		flags uintptr
+	}{{"/dev", unix.MS_NOSUID}, {"/dev/shm", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC}} {
+		if err := unix.Mount(m.dir, m.dir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", m.dir, err)
+		}
+		if err := unix.Mount("", m.dir, "", unix.MS_BIND|unix.MS_REMOUNT|m.flags, ""); err != nil {
+			return fmt.Errorf("set the flags of %s: %w", m.dir, err)
+		}
 	}
 	return nil
 }
