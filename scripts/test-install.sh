@@ -66,8 +66,38 @@ comp_has "pull list ls rm" lfork image ''
 comp_has "--name --help --root" lazyfork fork counter --
 comp_has "--exit" lf-dump --
 comp_has "delete" lazyfork de
+# Container names and ids where a command takes a <container>, from `lazyfork list` (a stand-in
+# that prints the table in lazyfork's format and hands everything else to the installed binary).
+mkdir -p "$scratch/stub"
+cat >"$scratch/stub/lazyfork" <<STUB
+#!/bin/sh
+[ "\$1" = list ] || exec "$b/lazyfork" "\$@"
+printf ' id             name   state     parent   depth      pid procs      memory\n'
+printf ' %s\n' '─────────────────────────────────────────'
+printf ' 0a1b2c3d4e5f   counter running   -            0     4242     1      1.0 MB\n'
+printf ' 1 total                                                            1.0 MB\n'
+STUB
+chmod +x "$scratch/stub/lazyfork"
+b_real=$b
+b=$scratch/stub:$b
+comp_has "counter 0a1b2c3d4e5f" lazyfork attach ''
+comp_has "counter" lf-dump c
+b=$b_real
 if command -v zsh >/dev/null; then
-  t "zsh completion parses (zsh -n)" zsh -n "$root/share/zsh/site-functions/_lazyfork"
+  zc=$root/share/zsh/site-functions/_lazyfork
+  t "zsh completion parses (zsh -n)" zsh -n "$zc"
+  # The autoloaded function's body, with compadd and _files stubbed to print what they get.
+  got=$(PATH="$b:$PATH" F=$zc zsh -f -c '
+    compadd() { [[ $1 == -a ]] && print -rl -- ${(P)2}; }
+    _files() { print FILES; }
+    _lazyfork() { eval "$(<$F)" }
+    words=(lazyfork daemon ""); CURRENT=3; PREFIX=""; _lazyfork | paste -sd" " -
+    words=(lf-dump --); CURRENT=2; PREFIX=--; _lazyfork | paste -sd" " -' 2>&1)
+  if grep -q 'clean run start status stop' <<<"$got" && grep -q -- '--exit' <<<"$got"; then
+    ok "zsh completion: 'lazyfork daemon ' and 'lf-dump --' -> $(echo $got | cut -c1-80)"
+  else
+    bad "zsh completion: $got"
+  fi
 else
   t "zsh completion file (no zsh here to parse it)" test -s "$root/share/zsh/site-functions/_lazyfork"
 fi

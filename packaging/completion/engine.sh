@@ -46,7 +46,8 @@ __lazyfork_candidates() { # $1: the word being completed; $2: the program; $3...
       if [ -n "$cmds" ]; then
         printf '%s\n' "$cmds"
       elif printf '%s\n' "$help" | grep -q '^Usage: .*<container'; then
-        lazyfork list 2>/dev/null | awk 'NR > 2 && NF > 1 { print $2; print $1 }'
+        # `lazyfork list`: a header, a rule, a row per container (id, name, ...), a total.
+        lazyfork list 2>/dev/null | sed '1,2d;$d' | awk 'NF > 1 { print $2; print $1 }'
       fi
       ;;
   esac
