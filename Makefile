@@ -81,3 +81,13 @@ test-v2: build image
 .PHONY: zdtm
 zdtm: image
 	@bash scripts/zdtm/run.sh $(ZDTM_ARGS)
+
+# A platform wheel: the Python SDK plus static lazyfork and stage binaries as scripts, so
+# `pip install dist/lazyfork-*-linux_*.whl` puts them on PATH. test-wheel installs it into
+# a temporary prefix and runs each binary.
+.PHONY: wheel test-wheel
+wheel:
+	@bash scripts/wheel.sh dist
+
+test-wheel:
+	@bash scripts/test-wheel.sh

@@ -2,20 +2,49 @@
 
 It builds a pure-Python wheel of the ``lazyfork`` directory, an sdist, and an editable
 wheel (a .pth file pointing at this directory).
+
+With LAZYFORK_WHEEL_BIN set to a directory of executables (``make wheel`` fills it with
+statically linked builds of ``lazyfork`` and the stage tools), the wheel is a platform
+wheel that also carries them as scripts: ``pip install`` puts them on PATH, the way
+Python tools with compiled cores ship their binaries.
 """
 
 import base64
 import hashlib
 import io
 import os
+import platform
+import stat
 import tarfile
 import zipfile
 
 NAME = "lazyfork"
 VERSION = "0.1.0"
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TAG = "py3-none-any"
 DIST_INFO = "%s-%s.dist-info" % (NAME, VERSION)
+DATA = "%s-%s.data" % (NAME, VERSION)
+
+
+def _bin_dir():
+    d = os.environ.get("LAZYFORK_WHEEL_BIN", "")
+    if d and not os.path.isdir(d):
+        raise RuntimeError("LAZYFORK_WHEEL_BIN=%s is not a directory: run `make wheel`" % d)
+    return d
+
+
+def _tag():
+    # Go binaries run on any Linux of their architecture (static, no libc).
+    return "py3-none-linux_%s" % platform.machine() if _bin_dir() else "py3-none-any"
+
+
+def _binaries():
+    d = _bin_dir()
+    if not d:
+        return
+    for fn in sorted(os.listdir(d)):
+        path = os.path.join(d, fn)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            yield "%s/scripts/%s" % (DATA, fn), path
 
 
 def _metadata():
@@ -31,7 +60,8 @@ def _metadata():
 
 
 def _wheel_meta():
-    return "Wheel-Version: 1.0\nGenerator: lazyfork_build\nRoot-Is-Purelib: true\nTag: %s\n" % TAG
+    pure = "false" if _bin_dir() else "true"
+    return "Wheel-Version: 1.0\nGenerator: lazyfork_build\nRoot-Is-Purelib: %s\nTag: %s\n" % (pure, _tag())
 
 
 def _sources():
@@ -41,12 +71,18 @@ def _sources():
             yield "%s/%s" % (NAME, fn), os.path.join(pkg, fn)
 
 
-def _write_wheel(directory, files):
-    name = "%s-%s-%s.whl" % (NAME, VERSION, TAG)
+def _write_wheel(directory, files, executables=()):
+    name = "%s-%s-%s.whl" % (NAME, VERSION, _tag())
     record = []
     with zipfile.ZipFile(os.path.join(directory, name), "w", zipfile.ZIP_DEFLATED) as z:
         for arc, data in files:
-            z.writestr(arc, data)
+            if arc in executables:
+                info = zipfile.ZipInfo(arc)
+                info.external_attr = (stat.S_IFREG | 0o755) << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                z.writestr(info, data)
+            else:
+                z.writestr(arc, data)
             digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
             record.append("%s,sha256=%s,%d" % (arc, digest, len(data)))
         record.append("%s/RECORD,," % DIST_INFO)
@@ -83,11 +119,15 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    files = []
+    files, executables = [], set()
     for arc, path in _sources():
         with open(path, "rb") as f:
             files.append((arc, f.read()))
-    return _write_wheel(wheel_directory, files + _dist_info_files())
+    for arc, path in _binaries():
+        with open(path, "rb") as f:
+            files.append((arc, f.read()))
+        executables.add(arc)
+    return _write_wheel(wheel_directory, files + _dist_info_files(), executables)
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
