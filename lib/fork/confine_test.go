@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -229,5 +230,34 @@ func TestConfinedContainerAndForks(t *testing.T) {
 	}
 	if !runtime.Alive(a) {
 		t.Errorf("prober fork %s died after its attempts", a.ID)
+	}
+}
+
+// TestStoppedAndStartedKeepsConfinement: a confined container with limits, stopped and
+// started again (restored into a new cgroup), has the same status lines and limits.
+func TestStoppedAndStartedKeepsConfinement(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "agent",
+		Command: []string{"python3", "-c", counterPy}, Memory: 256 << 20, PidsLimit: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(c) >= 3 })
+	want := procStatus(t, c.Pid)
+	limits := cgroupFile(t, c, "memory", "memory.limit_in_bytes") + " " + cgroupFile(t, c, "pids", "pids.max") + " " + cgroupFile(t, c, "devices", "devices.list")
+	if _, err := fork.Stop(ctx, rt, c); err != nil {
+		t.Fatal(err)
+	}
+	c, _ = rt.Tree.Get(c.ID)
+	if err := fork.Start(ctx, rt, c); err != nil {
+		t.Fatal(err)
+	}
+	c, _ = rt.Tree.Get(c.ID)
+	if got := procStatus(t, c.Pid); got != want {
+		t.Errorf("after stop/start:\n%s\nbefore:\n%s", got, want)
+	}
+	got := cgroupFile(t, c, "memory", "memory.limit_in_bytes") + " " + cgroupFile(t, c, "pids", "pids.max") + " " + cgroupFile(t, c, "devices", "devices.list")
+	if got != limits {
+		t.Errorf("limits after stop/start %q, before %q", got, limits)
 	}
 }
