@@ -27,7 +27,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 BIN = Path(os.environ.get("LAZYFORK_BIN", REPO / "bin"))
 IMAGE = os.environ.get("LF_BENCH_IMAGE", "lazyfork/debian:bookworm")
+CRIU = os.environ.get("LAZYFORK_CRIU") or next((c for c in ("/usr/local/lib/lazyfork/criu/bin/criu", "/usr/sbin/criu") if os.access(c, os.X_OK)), "criu")
 AGENT = (HERE / "agent.py").read_text()
+STATE_ROOT = Path(os.environ.get("LAZYFORK_ROOT", "/var/lib/lazyfork"))
 MiB, GiB, PAGE = 1 << 20, 1 << 30, 4096
 FLOOR = 4 * GiB  # plain/lazy-pages baselines stop before MemAvailable would drop below this
 SHM = Path("/dev/shm")  # the tmpfs the memory files live on (LAZYFORK_RUN default)
@@ -36,12 +38,12 @@ FULL = dict(
     heaps=[128, 256], ns=[1, 10, 25, 50, 100], plain_ns=[1, 10, 25, 50, 100],
     lazy_ns=[1, 10, 25, 50], share_ns={256: [1, 10, 100], 128: [10, 100]},
     lineage_heap=256, lineage_levels=9, nfp_n=10, e2e_ns=[1, 100], swrk_ns=[1, 10, 100], huge_ns=[10, 100], settle=5.0,
-    target_heap=256, copy_runs=3,
+    target_heap=256, copy_runs=3, confine_n=50,
 )
 SMOKE = dict(
     heaps=[16], ns=[1, 2], plain_ns=[1, 2], lazy_ns=[1], share_ns={16: [2]},
     lineage_heap=16, lineage_levels=2, nfp_n=1, e2e_ns=[2], swrk_ns=[2], huge_ns=[2], settle=1.0,
-    target_heap=16, copy_runs=1,
+    target_heap=16, copy_runs=1, confine_n=2,
 )
 
 
@@ -186,7 +188,8 @@ class Bench:
         self.cfg, self.out, self.smoke = cfg, out, smoke
         self.pid = os.getpid()
         self.prefix = f"bench-{self.pid}"
-        self.tmp = Path(f"/tmp/lfbench-{self.pid}")
+        # Under the state root: the stages refuse directories outside it (issue 9's guards).
+        self.tmp = STATE_ROOT / f"lfbench-{self.pid}"
         self.lazy = []  # lazy-pages forks: dicts with dir, daemon, pid
         self.rows = []  # rows.csv: one per (method, heap, N)
         self.forks = []  # forks.csv: one per fork
@@ -293,7 +296,7 @@ class Bench:
             m = re.match(r"^bench-(\d+)-", r.get("name") or "")
             if m and int(m.group(1)) != self.pid and not Path(f"/proc/{m.group(1)}").exists():
                 stale.add(f"bench-{m.group(1)}")
-        for d in Path("/tmp").glob("lfbench-*"):
+        for d in STATE_ROOT.glob("lfbench-*"):
             pid = d.name.split("-")[-1]
             if pid.isdigit() and int(pid) != self.pid and not Path(f"/proc/{pid}").exists():
                 for sub in sorted(d.glob("lp*")):
@@ -327,7 +330,7 @@ class Bench:
             date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             os=osr.get("PRETTY_NAME", ""), kernel=platform.release(), arch=platform.machine(),
             cpu=cpu, cores=os.cpu_count(), mem_total_gib=round(meminfo()["MemTotal"] / GiB, 1),
-            criu=self.run(["criu", "--version"], check=False).stdout.split("\n")[0].replace("Version: ", ""),
+            criu=self.run([CRIU, "--version"], check=False).stdout.split("\n")[0].replace("Version: ", ""),
             commit=rev + (" (lib/cmd modified)" if dirty else ""),
             loadavg_start=Path("/proc/loadavg").read_text().split()[:3],
             mode="smoke" if self.smoke else "full",
@@ -336,9 +339,9 @@ class Bench:
 
     # ---------- containers ----------
 
-    def create_source(self, heap, name, idle=False):
+    def create_source(self, heap, name, idle=False, create_args=()):
         """Start a container running the agent and wait until its heap is resident."""
-        p = self.lf("create", IMAGE, "--name", name, "--json", "--", "python3", "-c", AGENT, str(heap),
+        p = self.lf("create", IMAGE, "--name", name, "--json", *create_args, "--", "python3", "-c", AGENT, str(heap),
                     *(["idle"] if idle else []))
         rec = json.loads(p.stdout)
         deadline = now() + 120
@@ -584,7 +587,7 @@ class Bench:
         w.mkdir()
         env = dict(os.environ, CRIU_FAULT="130")
         rec["daemon"] = subprocess.Popen(
-            ["timeout", "-k", "5", "300", "criu", "lazy-pages", "-D", dumped["images_dir"], "-W", w,
+            ["timeout", "-k", "5", "300", CRIU, "lazy-pages", "-D", dumped["images_dir"], "-W", w,
              "-o", d / "lazy.log", "-v2"], env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         sock = w / "lazy-pages.socket"
@@ -593,7 +596,7 @@ class Bench:
             if now() > deadline or rec["daemon"].poll() is not None:
                 raise RuntimeError(f"criu lazy-pages did not start: {tail(d / 'lazy.log')}")
             time.sleep(0.005)
-        args = ["timeout", "-k", "5", "120", "criu", "restore", "-D", dumped["images_dir"], "-W", w, "-d",
+        args = ["timeout", "-k", "5", "120", CRIU, "restore", "-D", dumped["images_dir"], "-W", w, "-d",
                 "--root", d / "root", "--lazy-pages", "--external", f"mnt[lfmem]:{dumped['family_dir']}",
                 "--pidfile", d / "pid", "-o", d / "restore.log", "-v2"]
         for r in roots:
@@ -778,6 +781,26 @@ class Bench:
                 memfile_ms=s["memfile"]["ms"], memfile_mb_s=s["memfile"]["mb_per_sec"]))
             self.delete([f["id"] for f in forks])
 
+    # ---------- confinement: the default (confined) container vs --privileged ----------
+
+    def confinement_rows(self, heap):
+        """Fork latency and memory per fork of a confined container and of a --privileged one,
+        one after the other with the same N: what the hardening costs a fork."""
+        n = self.cfg["confine_n"]
+        for method, tag, args in (("lazyfork-confined", "conf", ()), ("lazyfork-privileged", "priv", ("--privileged",))):
+            src = self.create_source(heap, self.name(f"h{heap}", tag, "src"), create_args=args)
+            s = self.dump(src["id"])
+            self.snap_row(heap, f"memfiled ({method})", s)
+            pre = self.quiet()
+            forks, wall, _, smp = self.restore(s, n, [self.name(f"h{heap}", tag, i) for i in range(n)])
+            ms = self.measure(forks, smp)
+            post = meminfo()
+            self.row(method, heap, n, ms, wall, pre, post, dict(
+                note="default confinement (capabilities, no_new_privs, seccomp, masked paths, device list)"
+                if not args else "lazyfork create --privileged", dump_ms=s["dump"]["wall_ms"],
+                frozen_ms=s["dump"]["frozen_ms"]))
+            self.delete([f["id"] for f in forks] + [src["id"]])
+
     # ---------- idle forks: the agent only holds its heap ----------
 
     def idle_rows(self, heap):
@@ -883,12 +906,13 @@ class Bench:
         self.delete([src["id"]])
         if heap == self.cfg["target_heap"]:
             self.idle_rows(heap)
+            self.confinement_rows(heap)
         self.share_rows(heap)
 
     def run_all(self):
         self.collect_env()
         self.clean_stale()
-        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
         log(f"{self.env['mode']} run, names {self.prefix}-*, results in {self.out}")
         for heap in self.cfg["heaps"]:
             self.heap_config(heap)

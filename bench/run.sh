@@ -15,7 +15,13 @@ command -v python3 >/dev/null || die "python3 not found (apt-get install python3
 for b in lazyfork lf-dump lf-memfile lf-restore lf-overlay lf-cgroup; do
   [[ -x $bin/$b ]] || die "$bin/$b missing: run 'make build' first"
 done
-command -v criu >/dev/null || die "criu not found: run 'make setup'"
+# The CRIU LazyFork runs (lib/criu.FindBinary): $LAZYFORK_CRIU, the private one of
+# `make setup`, or the distribution's; the baselines run the same binary.
+if [[ -z ${LAZYFORK_CRIU:-} ]]; then
+  for c in /usr/local/lib/lazyfork/criu/bin/criu /usr/sbin/criu; do [[ -x $c ]] && { LAZYFORK_CRIU=$c; break; }; done
+fi
+[[ -x ${LAZYFORK_CRIU:-} ]] || die "criu not found: run 'make setup' (or set LAZYFORK_CRIU)"
+export LAZYFORK_CRIU
 "$bin/lazyfork" image list 2>/dev/null | grep -q '^lazyfork/debian:bookworm ' ||
   die "default image lazyfork/debian:bookworm missing: run 'make image'"
 

@@ -263,6 +263,29 @@ def render(b):
                  "restore ms p50", "memfile ms"], rs))
         w("")
 
+    # ---- confinement: confined (default) vs --privileged ----
+    conf = [r for r in rows if r["method"] in ("lazyfork-confined", "lazyfork-privileged") and r.get("forks_run")]
+    if conf:
+        w("## What confinement costs a fork (default vs `lazyfork create --privileged`)")
+        w("")
+        w("Containers are confined by default (Docker's capability set, no_new_privs, Docker's seccomp profile, "
+          "masked and read-only /proc paths, a device list; docs/security.md). Two sources with the same agent, "
+          "one confined and one `--privileged`, dumped and forked N times one after the other in the same run.")
+        w("")
+        rs = []
+        for r in sorted(conf, key=lambda r: (r["heap_mb"], r["method"] != "lazyfork-confined")):
+            rs.append([r["heap_mb"], r["n"], "confined (default)" if r["method"] == "lazyfork-confined" else "--privileged",
+                       ms(r["restore_p50_ms"]), ms(r["restore_p95_ms"]), mb(r["fork_mem_p50_bytes"], 3),
+                       ms(r.get("dump_ms")), ms(r.get("frozen_ms"))])
+        w(table(["heap MiB", "N", "container", "restore ms p50", "p95", "MB per fork (p50)", "dump ms", "frozen ms"], rs))
+        c = next((r for r in conf if r["method"] == "lazyfork-confined"), None)
+        pv = next((r for r in conf if r["method"] == "lazyfork-privileged"), None)
+        if c and pv and c.get("restore_p50_ms") and pv.get("restore_p50_ms") and c.get("fork_mem_p50_bytes") and pv.get("fork_mem_p50_bytes"):
+            w("")
+            w(f"Confined / privileged: restore p50 {c['restore_p50_ms'] / pv['restore_p50_ms']:.2f}x, "
+              f"memory per fork {c['fork_mem_p50_bytes'] / pv['fork_mem_p50_bytes']:.2f}x.")
+        w("")
+
     # ---- restore path before/after ----
     swrk = [r for r in rows if r["method"] == "lazyfork-swrk" and r.get("forks_run")]
     if swrk:
