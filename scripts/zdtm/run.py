@@ -130,7 +130,7 @@ class Runner:
         if rc != 0 and not lines:
             return "error", "check: " + first_error(err)
         why = [l for l in lines if re.search(r"FAIL|ERR|fail|error|NO-OUT", l)]
-        return "fail", (why[0] if why else (lines[-1] if lines else "no output"))
+        return "fail", first_error(why[0] if why else (lines[-1] if lines else "no output"))
 
     def delete(self, names):
         names = [n for n in names if n]

@@ -13,13 +13,21 @@ if [ ! -f "$ZDTM_WORK/manifest.json" ] || ! "$LF" image list 2>/dev/null | grep 
 	bash "$HERE/build.sh"
 fi
 
-quick=0
-for a in "$@"; do case $a in --only|--only=*|--limit|--limit=*) quick=1 ;; esac; done
+quick=0 suffix= mode="confined as \`lazyfork create\` does by default"
+for a in "$@"; do
+	case $a in
+	--only|--only=*|--limit|--limit=*) quick=1 ;;
+	--privileged) suffix=-privileged mode="created with \`--privileged\`" ;;
+	esac
+done
 if [ $quick = 1 ]; then
-	csv=$ZDTM_WORK/quick.csv md=$ZDTM_WORK/quick.md
+	csv=$ZDTM_WORK/quick$suffix.csv md=$ZDTM_WORK/quick$suffix.md
 else
-	csv=$REPO/bench/results/zdtm.csv md=$REPO/docs/zdtm.md
+	csv=$REPO/bench/results/zdtm$suffix.csv md=$REPO/docs/zdtm$suffix.md
 fi
+export ZDTM_META="$(date -u '+%Y-%m-%d %H:%M UTC'), LazyFork $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null), \
+CRIU $("$("$HERE/criu-path.sh")" --version 2>/dev/null | sed -n 's/^Version: //p') (tests of CRIU ${ZDTM_CRIU_REF:-v4.2}), \
+kernel $(uname -r), containers $mode"
 nice -n 10 python3 "$HERE/run.py" --csv "$csv" "$@"
 python3 "$HERE/md.py" "$csv" "$ZDTM_WORK/manifest.json" >"$md"
 echo "results: $csv, $md" >&2
