@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export PATH := /usr/local/go/bin:$(PATH)
 BIN := $(CURDIR)/bin
-STAGES := lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree
+STAGES := lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree lf-inspect
 GO ?= go
 
 .PHONY: all build setup image demo test doctor bench bench-smoke clean vet

@@ -171,7 +171,8 @@ type vmaInfo struct {
 	reg     *fdinfo.FileEntry
 	family  string // base name of the family file it maps (delta VMAs)
 	out     *memFile
-	off     int64 // offset in out that the VMA's start maps
+	off     int64  // offset in out that the VMA's start maps
+	why     string // the reason for act, for people (lf-inspect, --explain)
 }
 
 // piece is a run of pagemap pages inside at most one VMA.

@@ -97,6 +97,7 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 	case st == statusFilePriv:
 		fe := r.set.fileByID[uint32(e.GetShmid())]
 		if fe == nil || fe.GetType() != fdinfo.FdTypes_REG || fe.GetReg() == nil {
+			v.why = "maps something other than a regular file"
 			return nil
 		}
 		v.reg = fe
@@ -114,6 +115,7 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 			r.res.DeltaPages += v.present
 			if !r.opts.Rebase || v.present == 0 || v.missing {
 				v.act = actDelta
+				v.why = fmt.Sprintf("already maps family file %s (%d shared pages); its own %d pages stay in the image as a delta", base, shared, v.present)
 				return nil
 			}
 			fst, err := f.Stat()
@@ -126,6 +128,7 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 				size = AnonFileSize
 			}
 			v.act = actRebase
+			v.why = fmt.Sprintf("maps family file %s; rebased: its %d shared pages and %d delta pages go to a fresh file", base, shared, v.present)
 			var mf *memFile
 			if size == AnonFileSize {
 				mf = r.anonFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start))
@@ -135,19 +138,42 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 			mf.dataSize += shared * pageSize
 			return nil
 		}
-		if !r.opts.ConvertFilePrivate || v.present == 0 || v.missing || r.set.remapped[fe.GetId()] {
+		switch {
+		case !r.opts.ConvertFilePrivate:
+			v.why = "file mapping with copied-on-write pages: conversion is off (--no-file-private)"
+		case v.present == 0:
+			v.why = "file mapping with no dumped pages: restored from the file itself"
+		case v.missing:
+			v.why = "pages in a parent image"
+		case r.set.remapped[fe.GetId()]:
+			v.why = "the file was unlinked (remapped by CRIU)"
+		}
+		if v.why != "" {
 			return nil
 		}
 		lib := safeName(filepath.Base(fe.GetReg().GetName()))
 		v.act = actFile
+		v.why = fmt.Sprintf("copied-on-write pages of %s: a file of its bytes with the %d dumped pages over them", fe.GetReg().GetName(), v.present)
 		r.addFile(t, v, fmt.Sprintf("%s%s%x-%s.mem", prefix, who, start, lib), "file:"+lib, length, true).dataSize += length
 	case st == statusAnon || st == statusHeap:
-		if e.GetFlags()&^unix.MAP_NORESERVE != anonPrivateFlag || e.GetMadv()&madvWipeOnFork != 0 ||
-			v.present == 0 || v.missing {
+		switch {
+		case e.GetFlags()&^unix.MAP_NORESERVE != anonPrivateFlag:
+			v.why = fmt.Sprintf("flags %#x are not a plain private anonymous mapping (a stack grows down; shared memory must stay shared)", e.GetFlags())
+		case e.GetMadv()&madvWipeOnFork != 0:
+			v.why = "MADV_WIPEONFORK: must come back empty"
+		case v.present == 0:
+			v.why = "no dumped pages: restored as empty anonymous memory"
+		case v.missing:
+			v.why = "pages in a parent image"
+		}
+		if v.why != "" {
 			return nil
 		}
 		v.act = actAnon
+		v.why = fmt.Sprintf("private anonymous memory: its %d pages move to the process's memory file at their own address", v.present)
 		r.anonFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start))
+	default:
+		v.why = "kept: " + statusWords(st)
 	}
 	return nil
 }

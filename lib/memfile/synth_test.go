@@ -503,3 +503,48 @@ func TestRewriteRefusesUnaccountedPages(t *testing.T) {
 		t.Errorf("family dir holds %v after a refused rewrite", left)
 	}
 }
+
+// Inspect explains each VMA's fate and the page accounting, and writes nothing.
+func TestInspectSynthetic(t *testing.T) {
+	img, family := t.TempDir(), shmDir(t)
+	tk := synthTask{pid: 1, vmas: []*vma.VmaEntry{
+		vmaE(0, 4, statusAnon, anonPrivateFlag, 0, 0),                    // moved
+		vmaE(8, 10, statusAnon, anonPrivateFlag|unix.MAP_GROWSDOWN, 0, 0), // a stack: kept
+		vmaE(12, 13, statusAnon, anonPrivateFlag, 0, 0),                  // wipe-on-fork: kept
+		vmaE(16, 17, statusAnon|1<<12, anonPrivateFlag, 0, 0),            // vvar: kept
+		vmaE(20, 24, statusAnon, anonPrivateFlag, 0, 0),                  // no pages: kept
+	}, pm: []*pagemap.PagemapEntry{pmE(0, 3), pmE(8, 1), pmE(12, 1), pmE(16, 1)}}
+	tk.vmas[2].Madv = proto.Uint64(madvWipeOnFork)
+	for _, b := range []byte{'a', 'b', 'c', 's', 'w', 'v'} {
+		tk.pages = append(tk.pages, page(b)...)
+	}
+	writeSynth(t, img, nil, tk)
+	was := dirState(t, img)
+	rep, err := Inspect(Options{ImagesDir: img, FamilyDir: family})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameState(t, "inspected image", was, dirState(t, img))
+	if left := listDir(t, family); len(left) != 0 {
+		t.Errorf("Inspect wrote %v", left)
+	}
+	want := []struct{ decision, why string }{
+		{"move", "private anonymous memory"}, {"keep", "not a plain private anonymous mapping"},
+		{"keep", "MADV_WIPEONFORK"}, {"keep", "vvar"}, {"keep", "no dumped pages"},
+	}
+	if len(rep.VMAs) != len(want) {
+		t.Fatalf("%d VMAs reported, want %d", len(rep.VMAs), len(want))
+	}
+	for i, w := range want {
+		if v := rep.VMAs[i]; v.Decision != w.decision || !strings.Contains(v.Why, w.why) {
+			t.Errorf("VMA %d: %s (%s), want %s (%s)", i, v.Decision, v.Why, w.decision, w.why)
+		}
+	}
+	p := rep.Pages
+	if p.PagemapEntries != 4 || p.InImage != 6 || p.ToMemoryFiles != 3 || p.StayInImage != 3 || rep.Rewritten {
+		t.Errorf("pages %+v", p)
+	}
+	if len(rep.Files) != 1 || rep.Files[0].Kind != "anon" || rep.Files[0].Exists || rep.Files[0].VMAs != 1 {
+		t.Errorf("files %+v", rep.Files)
+	}
+}
