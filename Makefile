@@ -63,7 +63,7 @@ DESTDIR ?=
 PYTHON ?= python3
 .PHONY: install uninstall
 install: build
-	@PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" BIN="$(BIN)" PYTHON="$(PYTHON)" bash packaging/install.sh install
+	@PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" BIN="$(BIN)" PYTHON="$(PYTHON)" STAGES="$(STAGES)" bash packaging/install.sh install
 
 uninstall:
 	@PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" bash packaging/install.sh uninstall

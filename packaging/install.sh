@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make install` / `make uninstall`. Environment (the Makefile passes them):
 #   PREFIX (/usr/local), DESTDIR (empty), BIN (the built binaries, ./bin), PYTHON (python3),
-#   SYSTEMDUNITDIR ($PREFIX/lib/systemd/system).
+#   SYSTEMDUNITDIR ($PREFIX/lib/systemd/system), STAGES (the Makefile's list).
 #
 # install puts in $DESTDIR$PREFIX:
 #   bin/lazyfork, bin/lfork -> lazyfork, bin/lf-* (the stage binaries that were built)
@@ -21,7 +21,8 @@ DESTDIR=${DESTDIR:-}
 BIN=${BIN:-$PWD/bin}
 PYTHON=${PYTHON:-python3}
 SYSTEMDUNITDIR=${SYSTEMDUNITDIR:-$PREFIX/lib/systemd/system}
-STAGES="lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree"
+# The stage binaries: the Makefile passes its STAGES; those that were built are installed.
+STAGES=${STAGES:-lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree}
 case $PREFIX in /*) ;; *) echo "install: PREFIX must be an absolute path, not $PREFIX" >&2; exit 1 ;; esac
 PREFIX=$(realpath -m -s "$PREFIX")
 SYSTEMDUNITDIR=$(realpath -m -s "$SYSTEMDUNITDIR")
@@ -31,6 +32,7 @@ manifest=$PREFIX/share/lazyfork/install-manifest # as installed; on disk at $DES
 say() { echo "$1: $2" >&2; }
 
 declare -A seen=()
+built=()
 entries=() # "f PATH", "l PATH", "d PATH"; PATH without $DESTDIR
 note() { [ -n "${seen[$1]:-}" ] || { seen[$1]=1; entries+=("$1"); }; }
 mkdirs() { # mkdir -p that notes each directory it creates
@@ -59,8 +61,9 @@ do_install() {
   local bindir=$PREFIX/bin s n=0
   put 755 "$BIN/lazyfork" "$bindir/lazyfork"
   link lazyfork "$bindir/lfork"
+  built=()
   for s in $STAGES; do
-    if [ -x "$BIN/$s" ]; then put 755 "$BIN/$s" "$bindir/$s"; n=$((n + 1)); fi
+    if [ -x "$BIN/$s" ]; then put 755 "$BIN/$s" "$bindir/$s"; built+=("$s"); n=$((n + 1)); fi
   done
   say install "lazyfork, lfork and $n stage binaries in $DESTDIR$bindir"
 
@@ -71,13 +74,14 @@ do_install() {
   say install "systemd unit $DESTDIR$SYSTEMDUNITDIR/lazyfork.service (systemctl daemon-reload && systemctl enable --now lazyfork)"
 
   { echo "# bash completion for lazyfork, lfork and the lf-* stages (LazyFork's make install)"
-    cat packaging/completion/engine.sh packaging/completion/bash.sh; } >"$tmp/lazyfork.bash"
-  { echo "#compdef lazyfork lfork $STAGES"
+    cat packaging/completion/engine.sh
+    sed "s|@COMMANDS@|lazyfork lfork ${built[*]}|" packaging/completion/bash.sh; } >"$tmp/lazyfork.bash"
+  { echo "#compdef lazyfork lfork ${built[*]}"
     echo "# zsh completion for lazyfork, lfork and the lf-* stages (LazyFork's make install)"
     cat packaging/completion/engine.sh packaging/completion/zsh.sh; } >"$tmp/_lazyfork"
   local bc=$PREFIX/share/bash-completion/completions
   put 644 "$tmp/lazyfork.bash" "$bc/lazyfork"
-  for s in lfork $STAGES; do link lazyfork "$bc/$s"; done
+  for s in lfork "${built[@]}"; do link lazyfork "$bc/$s"; done
   put 644 "$tmp/_lazyfork" "$PREFIX/share/zsh/site-functions/_lazyfork"
   say install "bash and zsh completion in $DESTDIR$bc and $DESTDIR$PREFIX/share/zsh/site-functions"
 

@@ -29,9 +29,12 @@ root=$dest$prefix
 b=$root/bin
 t "bin/lazyfork runs (--help)" "$b/lazyfork" --help
 t "bin/lfork -> lazyfork" test "$(readlink "$b/lfork")" = lazyfork
-for s in lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree; do
+stages=$(make -s -f - <<<'include Makefile
+print-stages: ; @echo $(STAGES)' print-stages)
+for s in $stages; do
   [ -x "bin/$s" ] || continue
   t "bin/$s runs (--help)" "$b/$s" --help
+  t "bash completion is linked for $s" test "$(readlink "$root/share/bash-completion/completions/$s")" = lazyfork
 done
 unit=$root/lib/systemd/system/lazyfork.service
 t "systemd unit runs $prefix/bin/lazyfork daemon run" grep -qx "ExecStart=$prefix/bin/lazyfork daemon run" "$unit"

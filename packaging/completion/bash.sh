@@ -3,4 +3,4 @@ _lazyfork() {
   COMPREPLY=($(compgen -W "$(__lazyfork_candidates "$cur" "${COMP_WORDS[@]:0:COMP_CWORD}" | sort -u)" -- "$cur"))
   [ ${#COMPREPLY[@]} -gt 0 ] || COMPREPLY=($(compgen -f -- "$cur"))
 }
-complete -F _lazyfork lazyfork lfork lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree
+complete -F _lazyfork @COMMANDS@
