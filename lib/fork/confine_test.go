@@ -99,10 +99,10 @@ func runProbe(t *testing.T, rt *runtime.Runtime, c *tree.Container, otherPid int
 	t.Helper()
 	execOut(t, rt, c, "sh", "-c", fmt.Sprintf("rm -f /tmp/probe.out; echo %d > /tmp/other-pid; touch /tmp/probe", otherPid))
 	var out string
-	for deadline := time.Now().Add(20 * time.Second); out == ""; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); out == ""; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			l := logLines(c)
-			t.Fatalf("no probe results from %s after 20 s; alive %v; log ends %q", c.ID, runtime.Alive(c), l[max(0, len(l)-12):])
+			t.Fatalf("no probe results from %s after 30 s; alive %v; log ends %q", c.ID, runtime.Alive(c), l[max(0, len(l)-12):])
 		}
 		out = tryExec(rt, c, "cat", "/tmp/probe.out")
 	}
@@ -181,11 +181,11 @@ func TestConfinedContainerAndForks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 20*time.Second, "prober to run", func() bool { return len(logLines(src)) > 5 })
+	testutil.Eventually(t, 30*time.Second, "prober to run", func() bool { return len(logLines(src)) > 5 })
 	checkEscapesFail(t, "container", runProbe(t, rt, src, other.Pid), false)
 
 	execOut(t, rt, src, "touch", "/tmp/pause")
-	testutil.Eventually(t, 10*time.Second, "sqlite to pause", func() bool {
+	testutil.Eventually(t, 30*time.Second, "sqlite to pause", func() bool {
 		l := logLines(src)
 		return len(l) > 0 && l[len(l)-1] == "paused"
 	})
@@ -213,7 +213,7 @@ func TestConfinedContainerAndForks(t *testing.T) {
 	// subprocess fine in every tick (each line: i heap_ok subprocess_rc rows).
 	execOut(t, rt, b, "rm", "/tmp/pause")
 	n := len(logLines(b))
-	testutil.Eventually(t, 10*time.Second, "sibling to go on", func() bool {
+	testutil.Eventually(t, 30*time.Second, "sibling to go on", func() bool {
 		raw, _ := os.ReadFile(runtime.LogPath(b))
 		l := strings.Split(strings.TrimSpace(string(raw)), "\n")
 		return len(l) > n+20 && !strings.HasSuffix(l[len(l)-10], "paused")
