@@ -70,7 +70,10 @@ mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/debs" "$wor
 echo "deb ${mirror%/} $suite main" >"$work/sources.list"
 apt_private=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
   -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o Dir::State::status=/dev/null
-  -o "APT::Architecture=$arch" -o APT::Sandbox::User=root)
+  -o "APT::Architecture=$arch" -o APT::Sandbox::User=root
+  # A mirror snapshot's sid Release may be past its Valid-Until date; signatures are still
+  # checked. Only this private download is affected, not the host's apt.
+  -o Acquire::Check-Valid-Until=false)
 apt-get "${apt_private[@]}" update -qq >&2
 # criu, the libraries whose host versions are too old or missing, and glibc with its loader
 # (sid's criu needs GLIBC_2.38; bookworm has 2.36).

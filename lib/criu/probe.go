@@ -13,6 +13,7 @@ import (
 // socketHolder listens on a TCP port and holds an unconnected UDP socket, tells its parent
 // on fd 3 that it is ready, then sleeps: what any networked program holds.
 const socketHolder = `import os, socket, time
+os.closerange(4, 65536)  # descriptors inherited without close-on-exec would be dumped too
 t = socket.socket(socket.AF_INET, socket.SOCK_STREAM); t.bind(("127.0.0.1", 0)); t.listen(1)
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 os.write(3, b"k"); os.close(3)
