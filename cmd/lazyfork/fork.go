@@ -21,7 +21,8 @@ type forkCmd struct {
 	N         int      `short:"n" default:"1" help:"How many forks."`
 	Name      []string `help:"Name for a fork (repeat for several)."`
 	Force     bool     `help:"Fork even if the workload uses an allocator that relies on MADV_DONTNEED zero-fill."`
-	Share     bool     `help:"Move the source onto the snapshot too (pauses it 0.4-0.8 s for 128-256 MiB heaps), so parent and forks hold its memory once."`
+	Share     bool     `help:"Move the source onto the snapshot by ending and restoring it (the behaviour before the swap; if its restore fails it stays stopped)."`
+	Copy      bool     `help:"Leave the source on its own memory and copy its files for the forks (by default the first fork moves the source onto the snapshot: later forks then dump only what it changed)."`
 	HugePages bool     `help:"Put the heap in huge pages: each working fork costs ~0.4 MB less (256 MiB heap), the snapshot takes longer."`
 	hookFlags
 	JSON bool `help:"Print one JSON line per fork."`
@@ -53,7 +54,7 @@ func (c *forkCmd) Run(ctx context.Context, g *Globals) error {
 			fmt.Fprintf(os.Stderr, "\rforking %s [%s%s] %d/%d", c.Container, strings.Repeat("█", w), strings.Repeat(" ", 30-w), d, n)
 		}
 	}
-	res, err := e.Fork(ctx, c.Container, client.ForkRequest{N: n, Names: c.Name, Force: c.Force, Share: c.Share, HugePages: c.HugePages, HookOptions: c.hookFlags.options()}, onFork)
+	res, err := e.Fork(ctx, c.Container, client.ForkRequest{N: n, Names: c.Name, Force: c.Force, Share: c.Share, Copy: c.Copy, HugePages: c.HugePages, HookOptions: c.hookFlags.options()}, onFork)
 	if bar {
 		fmt.Fprintln(os.Stderr)
 	}

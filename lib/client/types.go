@@ -70,6 +70,10 @@ type ForkRequest struct {
 	// Share moves the source onto the snapshot too, so parent and forks hold its memory
 	// once (the source pauses for a few hundred ms and gets a new host pid).
 	Share bool `json:"share,omitempty"`
+	// Copy leaves the source on its own memory and gives forks a copy of its files; by
+	// default a container's first fork moves it onto the snapshot (new host pids, same
+	// container), so that every later fork dumps only what it changed.
+	Copy bool `json:"copy,omitempty"`
 	// HugePages makes the heap's memory files huge pages: ~0.4 MB less per working fork of
 	// a 256 MiB heap, for a slower rewrite.
 	HugePages bool `json:"huge_pages,omitempty"`

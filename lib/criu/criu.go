@@ -87,8 +87,8 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	frozenBy := "cgroup"
 	if o.FreezeCgroup == "" {
 		frozenBy = "ptrace"
-	} else if tid, comm := stoppedTask(o.FreezeCgroup); tid != 0 {
-		// See stoppedTask: freezing the group would hang the dump on this task.
+	} else if tid, comm := StoppedTask(o.FreezeCgroup); tid != 0 {
+		// See StoppedTask: freezing the group would hang the dump on this task.
 		opts.FreezeCgroup = nil
 		frozenBy = fmt.Sprintf("ptrace (task %d %q is stopped)", tid, comm)
 	}

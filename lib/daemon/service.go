@@ -154,7 +154,7 @@ func (s *Service) Fork(ctx context.Context, ref string, req client.ForkRequest, 
 	defer unlock()
 	st := s.RT.State(c)
 	run := hook.WithOptions(context.WithoutCancel(ctx), hookOptions(req.HookOptions))
-	forks, snap, err := fork.Fork(run, s.RT, c, fork.Options{Force: req.Force, Share: req.Share, HugePages: req.HugePages,
+	forks, snap, err := fork.Fork(run, s.RT, c, fork.Options{Force: req.Force, Share: req.Share, Copy: req.Copy, HugePages: req.HugePages,
 		RestoreOptions: fork.RestoreOptions{N: n, Names: req.Names, OnFork: onFork, Service: s.restoreService(run)}})
 	if err != nil {
 		return nil, stateError(err, c, st, tree.StateRunning, tree.StateStopped)

@@ -44,6 +44,12 @@ type DumpOptions struct {
 	// HookForce snapshots anyway when the runtime hook does not answer QUIESCE in time
 	// (default: fail). See lib/hook.
 	HookForce bool
+	// Swap leaves the source frozen after the dump with its upper directory moved (not
+	// copied) to the snapshot's layer, for Swap in lifecycle.go to restore the source from
+	// the snapshot and end the frozen processes, or to undo. The snapshot says whether it
+	// happened (Snapshot.Swap): a tree holding a stopped task cannot be frozen first and
+	// is copied as before.
+	Swap bool
 }
 
 // LayersDir holds the frozen upper layers forks stack on.
@@ -133,6 +139,25 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	if err := hook.Quiesce(ctx, c, o.HookForce); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
+	swap := o.Swap && !o.Exit
+	if swap {
+		if tid, _ := criu.StoppedTask(cg.FreezerDir()); tid != 0 {
+			swap = false // freezing first would hang on it (see criu.StoppedTask)
+		} else if err := cg.Freeze(); err != nil {
+			return nil, fmt.Errorf("dump %s: %w", name, err)
+		}
+		// Frozen before CRIU starts, the group stays frozen after it (CRIU restores the
+		// freezer state it found): the source is paused until Swap ends or undoes it.
+	}
+	moved := false
+	defer func() {
+		if retErr != nil && swap {
+			if moved {
+				retErr = errors.Join(retErr, os.Rename(s.Layer, c.Upper))
+			}
+			retErr = errors.Join(retErr, cg.Thaw())
+		}
+	}()
 	var layerTime time.Duration
 	res, err := criu.Dump(ctx, criu.DumpOptions{
 		Pid:            c.Pid,
@@ -149,15 +174,24 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 			// The tasks are still frozen: the file system copy matches the memory image
 			// (CRIU checks open files by size on restore).
 			t := time.Now()
-			err := copyTree(c.Upper, s.Layer)
-			layerTime = time.Since(t)
-			return err
+			defer func() { layerTime = time.Since(t) }()
+			if swap {
+				// The upper itself becomes the layer: no copy, and every file keeps its
+				// inode number, which programs such as SQLite check. The frozen source's
+				// overlay still writes there if the swap is undone (renamed back).
+				if err := os.Rename(c.Upper, s.Layer); err != nil {
+					return fmt.Errorf("freeze layer: %w", err)
+				}
+				moved = true
+				return nil
+			}
+			return copyTree(c.Upper, s.Layer)
 		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
-	s.State, s.Owner = stage.SnapDumped, 0
+	s.State, s.Owner, s.Swap = stage.SnapDumped, 0, swap
 	s.Dump = stage.DumpStats{
 		WallMs: stage.Ms(res.Wall), FrozenMs: stage.Ms(res.Frozen), LayerMs: stage.Ms(layerTime),
 		PagesWritten: res.PagesWritten, PagesScanned: res.PagesScanned, ImageBytes: dirBytes(s.ImagesDir),

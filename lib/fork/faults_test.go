@@ -260,6 +260,12 @@ func TestInterruptedBatch(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	src := create(t, rt, "intr", "python3", "-c", counterPy)
 	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 1 })
+	// A first fork moves the source onto its snapshot (the family and layer are then the
+	// source's own); the interrupted batch comes after.
+	first := doFork(t, rt, src, 1)
+	if err := rt.Delete(first[0]); err != nil {
+		t.Fatal(err)
+	}
 	before := leftovers(t, rt.Tree)
 	cctx, cancel := context.WithCancel(ctx)
 	n := 0

@@ -18,10 +18,14 @@ type Options struct {
 	RestoreOptions
 	Force bool
 	// Share moves the source onto the snapshot too (it is dumped, ended and restored in
-	// place from the memory files, pausing it for a few hundred ms), so that the parent
-	// and its forks hold the heap once instead of twice. Not the default: the source gets
-	// a new host pid and, should its restore fail, is left stopped (`lazyfork start`).
+	// place from the memory files), so that the parent and its forks hold the heap once
+	// instead of twice. Should its restore fail, it is left stopped (`lazyfork start`).
+	// Superseded by the default swap (Copy false), which never loses the source.
 	Share bool
+	// Copy keeps the source running on its own memory and gives forks a copy of its files
+	// (the behaviour before the swap became the default): every later fork dumps its whole
+	// heap again, and forks see other inode numbers than the source.
+	Copy bool
 	// HugePages: see memfile.Options.HugePages.
 	HugePages bool
 }
@@ -50,9 +54,17 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 	if err := rt.Tree.CheckNamesFree(o.Names); err != nil {
 		return nil, nil, err
 	}
-	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share})
+	// The first fork of a container that runs on its own memory moves it onto the
+	// snapshot (Swap): from then on it maps the family's memory files, so every later dump
+	// holds only what it changed. Later forks leave it running (its upper keeps its inode
+	// numbers; overlayfs would report new ones for files copied up after a second move).
+	swap := !o.Copy && !o.Share && c.Family == ""
+	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap})
 	if err != nil {
 		return nil, nil, err
+	}
+	if s.Swap {
+		return forkSwapped(ctx, rt, c, s, o)
 	}
 	s.Owner = os.Getpid() // transient: GC drops it if this process dies
 	if err := Save(s); err != nil {
@@ -171,4 +183,35 @@ func resume(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stag
 	}
 	c.Snapshot = ""
 	return rt.Tree.Put(c)
+}
+
+// forkSwapped finishes a fork whose dump left the source frozen (DumpOptions.Swap): the
+// rewrite, the source moved onto the snapshot (Swap), then the forks. The source is never
+// lost: until Swap has a new source running, any failure thaws the old one as it was.
+func forkSwapped(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, o Options) ([]stage.Fork, *stage.Snapshot, error) {
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages})
+	if err != nil {
+		err = errors.Join(err, undoSwapDump(c, s))
+		_ = RemoveSnapshot(s)
+		_ = Collect(rt)
+		return nil, nil, err
+	}
+	if err := Swap(ctx, rt, c, m); err != nil {
+		_ = RemoveSnapshot(m)
+		_ = Collect(rt)
+		return nil, nil, err
+	}
+	// The source maps the snapshot's family now; the snapshot stays while forks are made
+	// and goes once nothing needs it (GC counts the source's lower layers and family).
+	m.Owner = os.Getpid()
+	_ = Save(m)
+	defer func() {
+		_ = RemoveSnapshot(m)
+		_ = Collect(rt)
+	}()
+	if o.N == 0 {
+		return nil, m, nil
+	}
+	forks, err := Restore(ctx, rt, m, o.RestoreOptions)
+	return forks, m, err
 }

@@ -208,11 +208,17 @@ func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc
 // start mounts c's overlay (lower = the snapshot's stack, the given upper), makes its
 // cgroup and restores the snapshot into them. The caller undoes a failure with Delete.
 func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper string, svc *criu.Service) error {
+	return startIn(ctx, rt, c, s, upper, c.ID, svc)
+}
+
+// startIn is start with the container's cgroup named cgName (a swapped source gets a new
+// group while its old processes are still frozen in the one named by its id).
+func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service) error {
 	layer := overlay.Layer{Lower: c.Lower, Upper: upper, Work: c.Work, Target: c.RootFS}
 	if err := overlay.Prepare(layer); err != nil {
 		return fmt.Errorf("fork %s: %w", c.ID, err)
 	}
-	cg, err := cgroup.Create(c.ID, rt.CgroupParent)
+	cg, err := cgroup.Create(cgName, rt.CgroupParent)
 	if err != nil {
 		return fmt.Errorf("fork %s: %w", c.ID, err)
 	}

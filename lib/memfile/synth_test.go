@@ -508,11 +508,11 @@ func TestRewriteRefusesUnaccountedPages(t *testing.T) {
 func TestInspectSynthetic(t *testing.T) {
 	img, family := t.TempDir(), shmDir(t)
 	tk := synthTask{pid: 1, vmas: []*vma.VmaEntry{
-		vmaE(0, 4, statusAnon, anonPrivateFlag, 0, 0),                    // moved
+		vmaE(0, 4, statusAnon, anonPrivateFlag, 0, 0),                     // moved
 		vmaE(8, 10, statusAnon, anonPrivateFlag|unix.MAP_GROWSDOWN, 0, 0), // a stack: kept
-		vmaE(12, 13, statusAnon, anonPrivateFlag, 0, 0),                  // wipe-on-fork: kept
-		vmaE(16, 17, statusAnon|1<<12, anonPrivateFlag, 0, 0),            // vvar: kept
-		vmaE(20, 24, statusAnon, anonPrivateFlag, 0, 0),                  // no pages: kept
+		vmaE(12, 13, statusAnon, anonPrivateFlag, 0, 0),                   // wipe-on-fork: kept
+		vmaE(16, 17, statusAnon|1<<12, anonPrivateFlag, 0, 0),             // vvar: kept
+		vmaE(20, 24, statusAnon, anonPrivateFlag, 0, 0),                   // no pages: kept
 	}, pm: []*pagemap.PagemapEntry{pmE(0, 3), pmE(8, 1), pmE(12, 1), pmE(16, 1)}}
 	tk.vmas[2].Madv = proto.Uint64(madvWipeOnFork)
 	for _, b := range []byte{'a', 'b', 'c', 's', 'w', 'v'} {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/fsutil"
@@ -109,6 +111,16 @@ func (r *Runtime) Delete(c *tree.Container) error {
 	// anywhere else.
 	if err := overlay.Teardown(overlay.Dir(r.Tree.Path(c.ID), nil)); err != nil {
 		errs = append(errs, err)
+	}
+	// A source moved onto its snapshot (lib/fork.Swap) mounts its root at rootfs-<snapshot>
+	// with work-<snapshot>, conventional names inside its own directory.
+	swapped, _ := filepath.Glob(filepath.Join(r.Tree.Path(c.ID), "rootfs-s*"))
+	for _, root := range swapped {
+		work := filepath.Join(filepath.Dir(root), "work-"+strings.TrimPrefix(filepath.Base(root), "rootfs-"))
+		conv := overlay.Dir(r.Tree.Path(c.ID), nil)
+		if err := overlay.Teardown(overlay.Layer{Target: root, Work: work, Upper: conv.Upper}); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := fsutil.RemoveAll(MemDir(c.ID)); err != nil {
 		errs = append(errs, err)

@@ -50,6 +50,9 @@ type Snapshot struct {
 	Owner int `json:"owner,omitempty"`
 	// LeftRunning is false when the dump ended the source (lf-dump --exit, lazyfork stop).
 	LeftRunning bool `json:"left_running"`
+	// Swap: the source was left frozen with its upper directory moved to Layer, to be
+	// restored from this snapshot in place (lazyfork fork's default); see lib/fork.Swap.
+	Swap bool `json:"swap,omitempty"`
 
 	// Family is the set of memory files this snapshot's forks map; FamilyDir holds them
 	// on tmpfs and is bound read-only at /.lazyfork/mem in every fork.

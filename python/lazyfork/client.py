@@ -231,7 +231,8 @@ class Container:
         self._info = self.client.request("GET", self._path())
         return self._info
 
-    def fork(self, n=1, names=None, force=False, share=False, hook_force=False, hook_timeout=None, huge_pages=False):
+    def fork(self, n=1, names=None, force=False, share=False, hook_force=False, hook_timeout=None, huge_pages=False,
+             copy=False):
         """Make ``n`` running copies; returns :class:`Forks` (a list of handles).
 
         ``huge_pages`` puts the heap's memory files in 2 MiB pages: each working fork
@@ -243,6 +244,8 @@ class Container:
             body["force"] = True
         if share:
             body["share"] = True
+        if copy:
+            body["copy"] = True
         if huge_pages:
             body["huge_pages"] = True
         if hook_force:

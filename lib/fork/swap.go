@@ -1,0 +1,109 @@
+package fork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// Swap moves a source that Dump left frozen (DumpOptions.Swap) onto its snapshot: it
+// restores the source from s in place (same id, name, hostname, hook, limits; new host
+// pids, a new cgroup and an empty upper over the snapshot's layer, which is its old upper
+// with the same inodes), checks that it runs, and only then ends the old, frozen
+// processes. On any failure before that point the old source is thawed where it was, with
+// its upper back in place: nothing is lost. Later dumps of the source capture only what
+// it changes on top of the family's memory files.
+func Swap(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) (retErr error) {
+	if !s.Swap {
+		return fmt.Errorf("swap %s: snapshot %s did not leave the source frozen for a swap", displayName(c), s.ID)
+	}
+	old := *c
+	oldCg, err := cgroup.LoadOwned(c.Cgroup)
+	if err != nil {
+		return fmt.Errorf("swap %s: %w", displayName(c), err)
+	}
+	// The new source gets its own root and work directories: the old overlay still holds
+	// its own (it is the frozen processes' root) until they end.
+	dir := filepath.Dir(c.RootFS)
+	newRoot, newWork := filepath.Join(dir, "rootfs-"+s.ID), filepath.Join(dir, "work-"+s.ID)
+	undone := false
+	undo := func() error {
+		var errs []error
+		if cg, err := cgroup.LoadOwned(c.Cgroup); err == nil && !maps.Equal(c.Cgroup, old.Cgroup) {
+			errs = append(errs, cg.Kill(), cg.Remove())
+		}
+		if fsutil.IsMountPoint(newRoot) {
+			errs = append(errs, unix.Unmount(newRoot, unix.MNT_DETACH))
+		}
+		errs = append(errs, fsutil.RemoveAll(newRoot), fsutil.RemoveAll(newWork))
+		*c = old
+		_ = fsutil.RemoveAll(c.Upper) // the new, empty upper
+		errs = append(errs, os.Rename(s.Layer, c.Upper), oldCg.Thaw(), rt.Tree.Put(c))
+		undone = true
+		return errors.Join(errs...)
+	}
+	defer func() {
+		if retErr != nil && !undone {
+			if err := undo(); err != nil {
+				retErr = fmt.Errorf("%w; undoing the swap: %v", retErr, err)
+			} else {
+				retErr = fmt.Errorf("%w (the source goes on as it was)", retErr)
+			}
+		}
+	}()
+
+	if err := checkRestorable(s); err != nil {
+		return err
+	}
+	if err := makeDumpedFamily(s); err != nil {
+		return err
+	}
+	c.Lower, c.RootFS, c.Work = s.Lower, newRoot, newWork
+	c.Family, c.MemDir = s.Family, s.FamilyDir
+	if err := startIn(ctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, nil); err != nil {
+		return fmt.Errorf("swap %s: %w", displayName(c), err)
+	}
+	// Running, not just restored: the new init is alive a moment later.
+	time.Sleep(10 * time.Millisecond)
+	if !runtime.Alive(c) {
+		return fmt.Errorf("swap %s: the restored source (pid %d) exited at once", displayName(c), c.Pid)
+	}
+	// The record names the new source before the old one goes: a crash from here on
+	// leaves the new source running and the old frozen group for GC.
+	if err := rt.Tree.Put(c); err != nil {
+		return fmt.Errorf("swap %s: %w", displayName(c), err)
+	}
+	var errs []error
+	errs = append(errs, oldCg.Kill(), oldCg.Remove(), unix.Unmount(old.RootFS, unix.MNT_DETACH))
+	errs = append(errs, fsutil.RemoveAll(old.Work), os.Remove(old.RootFS))
+	if err := errors.Join(errs...); err != nil {
+		// The new source runs; what is left of the old one is GC's.
+		fmt.Fprintf(os.Stderr, "lazyfork: swap %s: cleaning up the old processes: %v\n", displayName(c), err)
+	}
+	return nil
+}
+
+// undoSwapDump thaws a source that a swap dump left frozen and puts its upper back, when
+// the swap cannot go on (the rewrite failed).
+func undoSwapDump(c *tree.Container, s *stage.Snapshot) error {
+	var errs []error
+	if _, err := os.Stat(s.Layer); err == nil {
+		errs = append(errs, os.Rename(s.Layer, c.Upper))
+	}
+	if cg, err := cgroup.LoadOwned(c.Cgroup); err == nil {
+		errs = append(errs, cg.Thaw())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,162 @@
+package fork_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/testutil"
+)
+
+// sqliteCounter writes a row per step through one connection held across forks: SQLite
+// checks the database file's inode number on every write.
+const sqliteCounter = `import sqlite3, time, itertools
+db = sqlite3.connect("/srv/count.db"); db.execute("create table if not exists t(i)"); db.commit()
+for i in itertools.count():
+    try:
+        db.execute("insert into t values (?)", (i,)); db.commit()
+        print(i, db.execute("select count(*) from t").fetchone()[0], flush=True)
+    except Exception as e:
+        print("ERR", e, flush=True)
+    time.sleep(0.1)
+`
+
+// The first fork of a container moves it onto its snapshot: it keeps its id, name,
+// hostname and count, gets new host pids, and its files keep their inode numbers, so an
+// SQLite connection held across the fork goes on writing, in the source and in the fork.
+func TestForkSwapsSourceOntoSnapshot(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	if err := os.MkdirAll("/tmp", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src := create(t, rt, "swapped", "sh", "-c", "mkdir -p /srv && exec python3 -c '"+strings.ReplaceAll(sqliteCounter, "'", `'"'"'`)+"'")
+	testutil.Eventually(t, 10*time.Second, "the source to count", func() bool { return len(lines(src)) > 3 })
+	oldPid, oldID, oldHost := src.Pid, src.ID, src.Hostname
+	oldCg := src.Cgroup
+	f := doFork(t, rt, src, 1)[0]
+	cur, err := rt.Tree.Get(oldID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur.Pid == oldPid || cur.ID != oldID || cur.Name != "swapped" || cur.Hostname != oldHost || cur.Family == "" {
+		t.Fatalf("after the swap: pid %d (was %d), id %s, name %s, hostname %s, family %q", cur.Pid, oldPid, cur.ID, cur.Name, cur.Hostname, cur.Family)
+	}
+	if _, err := os.Stat("/proc/" + itoa(oldPid)); err == nil {
+		t.Errorf("the old source process %d is still there", oldPid)
+	}
+	if _, err := cgroup.LoadOwned(oldCg); err == nil {
+		if cg, _ := cgroup.LoadOwned(oldCg); cg != nil {
+			if procs, _ := cg.Procs(); len(procs) > 0 {
+				t.Errorf("the old cgroup still holds %v", procs)
+			}
+		}
+	}
+	for _, c := range []string{cur.ID, f.ID} {
+		c := c
+		rec, _ := rt.Tree.Get(c)
+		n := len(lines(rec))
+		testutil.Eventually(t, 10*time.Second, c+" to go on writing", func() bool { return len(lines(rec)) > n+5 })
+		l := lines(rec)
+		for _, line := range l[n:] {
+			if strings.HasPrefix(line, "ERR") {
+				t.Fatalf("%s: %s (the database's inode changed under the held connection)", c, line)
+			}
+		}
+	}
+	// The count went on with no gap and no restart in the source.
+	prev := -1
+	for _, line := range lines(cur) {
+		fs := strings.Fields(line)
+		if len(fs) == 2 {
+			n := atoi(fs[0])
+			if prev >= 0 && n != prev+1 {
+				t.Fatalf("source count jumped from %d to %d", prev, n)
+			}
+			prev = n
+		}
+	}
+	// A second fork leaves the source where it is (it maps the family already): only
+	// what it changed since is dumped.
+	pid := cur.Pid
+	doFork(t, rt, cur, 1)
+	again, _ := rt.Tree.Get(oldID)
+	if again.Pid != pid {
+		t.Errorf("a second fork moved the source again (pid %d -> %d)", pid, again.Pid)
+	}
+}
+
+// A restore that fails during the swap leaves the old source running where it was, with
+// its files, its pid and its count: nothing lost, and nothing left over.
+func TestSwapFailureLeavesSourceRunning(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	src := create(t, rt, "keep", "python3", "-c", counterPy)
+	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 3 })
+	if err := os.WriteFile(filepath.Join(src.Upper, "precious"), []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := leftovers(t, rt.Tree)
+	pid := src.Pid
+	s, err := fork.Dump(ctx, rt, src, fork.DumpOptions{Swap: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Swap {
+		t.Fatal("the dump did not leave the source frozen for a swap")
+	}
+	at := lastInt(src)
+	time.Sleep(300 * time.Millisecond)
+	if lastInt(src) != at {
+		t.Error("the source ran on between the swap dump and the swap")
+	}
+	m, err := fork.Memfile(ctx, s, fork.MemfileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The restore of the new source cannot open its memory files.
+	files, _ := filepath.Glob(filepath.Join(m.FamilyDir, "*.mem"))
+	for _, f := range files {
+		os.Remove(f)
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err = fork.Swap(cctx, rt, src, m)
+	if err == nil {
+		t.Fatal("swap succeeded without memory files")
+	}
+	if !strings.Contains(err.Error(), "goes on as it was") {
+		t.Errorf("error does not say the source was kept: %v", err)
+	}
+	cur, _ := rt.Tree.Get(src.ID)
+	if cur.Pid != pid || src.Pid != pid {
+		t.Fatalf("after a failed swap the source is pid %d (record %d), want %d", src.Pid, cur.Pid, pid)
+	}
+	if b, err := os.ReadFile(filepath.Join(src.Upper, "precious")); err != nil || string(b) != "data" {
+		t.Errorf("the source's upper was not put back: %v", err)
+	}
+	testutil.Eventually(t, 10*time.Second, "the old source to count on", func() bool { return lastInt(src) > at+3 })
+	if err := fork.RemoveSnapshot(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := fork.GC(rt); err != nil {
+		t.Fatal(err)
+	}
+	if after := leftovers(t, rt.Tree); after != before {
+		t.Errorf("a failed swap left things behind:\n before %s\n after  %s", before, after)
+	}
+}
+
+func atoi(s string) int {
+	n := 0
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return -1
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
