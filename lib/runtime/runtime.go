@@ -159,7 +159,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		c.Env = env
 	}
 
-	if err := os.MkdirAll(c.MemDir, 0o755); err != nil {
+	if err := os.MkdirAll(c.MemDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create %s: %w", c.MemDir, err)
 	}
 	cleanup.push(func() error { return fsutil.RemoveAll(c.MemDir) })
@@ -389,5 +389,7 @@ func Limits(c *tree.Container) cgroup.Limits {
 
 // Cgroup loads the container's cgroup.
 func Cgroup(c *tree.Container) (*cgroup.Cgroup, error) {
-	return cgroup.Load(c.Cgroup)
+	// Only a group under the project's subtree: a forged record must not aim kill or
+	// freeze at a foreign cgroup.
+	return cgroup.LoadOwned(c.Cgroup)
 }
