@@ -29,9 +29,14 @@ doctor: build
 demo: setup build image
 	@bash scripts/demo.sh
 
+# Every test: the Go packages as root on real kernel objects, the benchmark's smoke run,
+# then the set-up in a clean bookworm root, make install/uninstall and the wheel.
 test: setup build image vet
 	LF_REQUIRE_PRIV=1 LAZYFORK_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -p 1 ./...
 	@bash bench/run.sh --smoke
+	@bash scripts/test-setup.sh
+	@bash scripts/test-install.sh
+	@bash scripts/test-wheel.sh
 
 # The benchmark of issue/spec: CSVs, PNG plots and a Markdown summary in bench/results/.
 bench: setup build image
