@@ -23,7 +23,8 @@ def norm(err):
 
 def clean(err):
     """Errors of CSVs written before run.py dropped the test's log prefix."""
-    return re.sub(r"^\d\d:\d\d:\d\d\.\d+:\s+\d+:\s*", "", err or "")
+    err = re.sub(r"^\d\d:\d\d:\d\d\.\d+:\s+\d+:\s*", "", err or "")
+    return re.sub(r"^(lazyfork|lf-\w+): ((swap|dump|restore) \S+|fork \w+ from \w+)(: (fork \w+ from \w+|dump \S+))?: ", "", err)
 
 
 def cell(s):
@@ -33,9 +34,12 @@ def cell(s):
 def main():
     rows = list(csv.DictReader(open(sys.argv[1])))
     for r in rows:
-        for k in ("fork_error", "plain_error", "source_error"):
+        r.setdefault("alone", "-")
+        r.setdefault("alone_error", "")
+        for k in ("fork_error", "plain_error", "source_error", "alone_error"):
             r[k] = clean(r[k])
         r["cause"] = re.sub(r"(: )\d\d:\d\d:\d\d\.\d+:\s+\d+:\s*", r"\1", r["cause"])
+        r["cause"] = re.sub(r"(: )(lazyfork|lf-\w+): ((swap|dump|restore) \S+|fork \w+ from \w+)(: (fork \w+ from \w+|dump \S+))?: ", r"\1", r["cause"])
     manifest = {}
     if len(sys.argv) > 2 and os.path.exists(sys.argv[2]):
         manifest = {t["test"]: t for t in json.load(open(sys.argv[2]))}
@@ -46,7 +50,7 @@ def main():
     fork_only = [r for r in ran if r["plain"] == "pass" and r["fork"] != "pass"]
     plain_only = [r for r in ran if r["fork"] == "pass" and r["plain"] != "pass"]
     timeouts = [r for r in ran if "timeout" in (r["fork"], r["plain"], r["source"])]
-    src_lost = [r for r in ran if r["source"] != "pass" and r["fork"] == "pass"]
+    src_lost = [r for r in ran if r["source"] != "pass" and r["alone"] == "pass"]
 
     out = []
     p = out.append
@@ -61,7 +65,8 @@ def main():
     p("|---|---|---|---|")
     for path, what in (("fork", "fork (`lazyfork fork`, checked in the fork)"),
                        ("plain", "plain (`lf-dump \\| lf-restore -n 1`, checked in the copy)"),
-                       ("source", "source (checked after it was forked)")):
+                       ("source", "source (checked after it was forked)"),
+                       ("alone", "alone (baseline: a container nothing dumps)")):
         c = count(path)
         p("| %s | %d | %.0f%% | %.0f%% |" % (what, c, 100.0 * c / max(n, 1), 100.0 * c / max(len(started), 1)))
     p("")
@@ -74,7 +79,7 @@ def main():
     p("- fail in a fork but pass a plain CRIU copy: %d%s" % (len(fork_only), (" (" + ", ".join(r["test"] for r in fork_only) + ")") if fork_only else ""))
     p("- pass in a fork but fail a plain CRIU copy: %d%s" % (len(plain_only), (" (" + ", ".join(r["test"] for r in plain_only) + ")") if plain_only else ""))
     p("- a step ran into its deadline: %d%s" % (len(timeouts), (" (" + ", ".join(r["test"] for r in timeouts) + ")") if timeouts else ""))
-    p("- source failed where the fork passed: %d%s" % (len(src_lost), (" (" + ", ".join(r["test"] for r in src_lost) + ")") if src_lost else ""))
+    p("- source failed after the fork where the test passes alone: %d%s" % (len(src_lost), (" (" + ", ".join(r["test"] for r in src_lost) + ")") if src_lost else ""))
     p("")
     p("Values: pass; fail (the test's own check failed, its line is the cause); error (the fork, dump or")
     p("restore failed: the first CRIU error line); timeout; nostart (the test did not start in a plain")
@@ -85,7 +90,7 @@ def main():
     p("")
     groups = collections.OrderedDict()
     for r in ran:
-        for path in ("fork", "plain", "source"):
+        for path in ("fork", "plain", "source", "alone"):
             if r[path] in ("pass", "-"):
                 continue
             err = r[path + "_error"] or r[path]
@@ -98,10 +103,10 @@ def main():
 
     p("## All tests")
     p("")
-    p("| test | fork | plain | source | cause |")
-    p("|---|---|---|---|---|")
+    p("| test | fork | plain | source | alone | cause |")
+    p("|---|---|---|---|---|---|")
     for r in rows:
-        p("| %s | %s | %s | %s | %s |" % (r["test"], r["fork"], r["plain"], r["source"], cell(r["cause"])))
+        p("| %s | %s | %s | %s | %s | %s |" % (r["test"], r["fork"], r["plain"], r["source"], r["alone"], cell(r["cause"])))
     print("\n".join(out))
 
 

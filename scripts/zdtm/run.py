@@ -12,7 +12,9 @@ For every test the manifest (choose.py) selects:
 Each step has a deadline (--step-timeout) and each test a budget (--test-timeout); every
 container is deleted after its test, and on SIGINT/SIGTERM.
 
-Results: a CSV (test,fork,plain,source,cause,...) written as the run goes; md.py turns
+  alone   first of all, the baseline: a fresh container starts the test and it is checked
+          with nothing dumped (a test that does not start here is 'nostart' everywhere).
+Results: a CSV (test,fork,plain,source,alone,cause,...) written as the run goes; md.py turns
 it into docs/zdtm.md. Values: pass, fail (the test's own check failed), error (the
 fork, dump or restore failed), timeout, nostart (the test did not start in a plain
 container), skip (not selected; the reason is the cause), '-' (not reached).
@@ -28,8 +30,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FIELDS = ["test", "fork", "plain", "source", "cause", "fork_error", "plain_error",
-          "source_error", "criu_opts", "seconds"]
+FIELDS = ["test", "fork", "plain", "source", "alone", "cause", "fork_error", "plain_error",
+          "source_error", "alone_error", "criu_opts", "seconds"]
 STATIC = "/zdtm/static"
 
 
@@ -153,12 +155,24 @@ class Runner:
     def test(self, idx, t):
         r = {k: "-" for k in FIELDS}
         r.update(test=t["test"], cause="", fork_error="", plain_error="", source_error="",
-                 criu_opts=" ".join(t["criu_opts"]))
+                 alone_error="", criu_opts=" ".join(t["criu_opts"]))
         start = time.monotonic()
         self.deadline = start + self.a.test_timeout
         tag = "zt%d" % idx
         src, fork, plain, copy = tag + "-src", tag + "-fork", tag + "-plain", None
+        alone = tag + "-alone"
         try:
+            # (0) alone: the baseline, the test in a container nothing dumps
+            try:
+                self.create(alone, t)
+                pid = self.wait_started(alone, t)
+            except StepError as e:
+                for path in ("fork", "plain", "source", "alone"):
+                    r[path] = "nostart" if e.step == "start" else "error"
+                    r[path + "_error"] = start_error(e)
+                return r
+            r["alone"], r["alone_error"] = self.check(alone, t, pid)
+            self.delete([alone])
             # (a) fork and (c) source
             try:
                 self.create(src, t)
@@ -243,7 +257,7 @@ def first_error(text):
     pick = re.sub(r"^\(\d+\.\d+\)\s*", "", pick)
     # Who said it and about which container/snapshot: the same cause reads the same in
     # the fork, the plain copy and every test.
-    pick = re.sub(r"^(lazyfork|lf-\w+): (fork \w+ from \w+|dump \S+|restore \S+): ", "", pick)
+    pick = re.sub(r"^(lazyfork|lf-\w+): ((swap|dump|restore) \S+|fork \w+ from \w+)(: (fork \w+ from \w+|dump \S+))?: ", "", pick)
     pick = re.sub(r"^\d\d:\d\d:\d\d\.\d+:\s+\d+:\s*", "", pick)  # the test's log prefix
     pick = re.sub(r"\s+", " ", pick)
     return pick[:300]
@@ -253,7 +267,7 @@ def cause(r):
     """One short cause for the table: each distinct error once, prefixed by the paths
     (fork, plain, source) that failed with it."""
     groups = []
-    for path in ("fork", "plain", "source"):
+    for path in ("fork", "plain", "source", "alone"):
         if r[path] in ("pass", "-", "skip"):
             continue
         err = r[path + "_error"] or r[path]
@@ -315,7 +329,7 @@ def main():
         ran = 0
         for i, t in enumerate(rows):
             if t["skip"]:
-                r = {k: "skip" if k in ("fork", "plain", "source") else "" for k in FIELDS}
+                r = {k: "skip" if k in ("fork", "plain", "source", "alone") else "" for k in FIELDS}
                 r.update(test=t["test"], cause=t["skip"], criu_opts=" ".join(t["criu_opts"]))
                 w.writerow(r)
                 continue
@@ -325,8 +339,8 @@ def main():
             r = runner.test(i, t)
             w.writerow(r)
             f.flush()
-            print("%-32s fork=%-7s plain=%-7s source=%-7s %5ss %s" % (
-                t["test"], r["fork"], r["plain"], r["source"], r["seconds"], r["cause"][:140]),
+            print("%-32s fork=%-7s plain=%-7s source=%-7s alone=%-7s %5ss %s" % (
+                t["test"], r["fork"], r["plain"], r["source"], r["alone"], r["seconds"], r["cause"][:140]),
                 flush=True)
     os.replace(tmp, a.csv)
 
