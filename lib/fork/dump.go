@@ -143,8 +143,16 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	if swap {
 		if tid, _ := criu.StoppedTask(cg.FreezerDir()); tid != 0 {
 			swap = false // freezing first would hang on it (see criu.StoppedTask)
-		} else if err := cg.Freeze(); err != nil {
-			return nil, fmt.Errorf("dump %s: %w", name, err)
+		} else {
+			// Recorded before the freeze: should this process die from here on, GC finds
+			// the snapshot's owner gone and gives the source back (recoverSwap).
+			s.Swap = true
+			if err := Save(s); err != nil {
+				return nil, fmt.Errorf("dump %s: %w", name, err)
+			}
+			if err := cg.Freeze(); err != nil {
+				return nil, fmt.Errorf("dump %s: %w", name, err)
+			}
 		}
 		// Frozen before CRIU starts, the group stays frozen after it (CRIU restores the
 		// freezer state it found): the source is paused until Swap ends or undoes it.
@@ -192,6 +200,9 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
 	s.State, s.Owner, s.Swap = stage.SnapDumped, 0, swap
+	if swap {
+		s.Owner = os.Getpid() // transient until the swap is done (see recoverSwap)
+	}
 	s.Dump = stage.DumpStats{
 		WallMs: stage.Ms(res.Wall), FrozenMs: stage.Ms(res.Frozen), LayerMs: stage.Ms(layerTime),
 		PagesWritten: res.PagesWritten, PagesScanned: res.PagesScanned, ImageBytes: dirBytes(s.ImagesDir),

@@ -161,6 +161,13 @@ func gc(rt *runtime.Runtime, wait time.Duration) error {
 		errs = append(errs, rt.Delete(c))
 	}
 	for _, s := range drop {
+		if c := live[s.Source.ID]; s.Swap && c != nil {
+			// A swap whose process died: give the source back or finish ending the old one.
+			errs = append(errs, recoverSwap(rt, c, s))
+			for _, l := range c.Lower {
+				layers[l] = true
+			}
+		}
 		errs = append(errs, RemoveSnapshot(s))
 	}
 	for _, d := range append(leftovers, halfWritten...) {

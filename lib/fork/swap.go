@@ -13,6 +13,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -106,4 +107,52 @@ func undoSwapDump(c *tree.Container, s *stage.Snapshot) error {
 		errs = append(errs, cg.Thaw())
 	}
 	return errors.Join(errs...)
+}
+
+// recoverSwap finishes what a swap left when the process running it died (GC calls it for
+// a swap snapshot whose owner is gone). If the record still names the old processes, the
+// swap never committed: any new source is ended and the old one gets its upper back and is
+// thawed. If the record names the new source, the old, frozen processes and their root
+// are ended. Either way exactly one source runs afterwards.
+func recoverSwap(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) error {
+	dir := rt.Tree.Path(c.ID)
+	newRoot, newWork := filepath.Join(dir, "rootfs-"+s.ID), filepath.Join(dir, "work-"+s.ID)
+	newCgName, oldCgName := c.ID+"-"+s.ID, c.ID
+	var errs []error
+	endGroup := func(name string) {
+		if cg, err := cgroup.Resolve(name, rt.CgroupParent); err == nil && cgroup.CheckOwned(cg.Paths) == nil {
+			if _, err := os.Stat(cg.FreezerDir()); err == nil {
+				errs = append(errs, cg.Kill(), cg.Remove())
+			}
+		}
+	}
+	if c.RootFS != newRoot { // not committed: the old processes stay
+		endGroup(newCgName)
+		if fsutil.IsMountPoint(newRoot) {
+			errs = append(errs, unix.Unmount(newRoot, unix.MNT_DETACH))
+		}
+		errs = append(errs, fsutil.RemoveAll(newRoot), fsutil.RemoveAll(newWork))
+		if _, err := os.Stat(s.Layer); err == nil {
+			// The upper was moved; whatever stands in its place is the new source's, empty.
+			errs = append(errs, fsutil.RemoveAll(c.Upper), os.Rename(s.Layer, c.Upper))
+		}
+		if cg, err := cgroup.LoadOwned(c.Cgroup); err == nil {
+			errs = append(errs, cg.Thaw())
+		}
+	} else { // committed: the old processes go
+		if cg, err := cgroup.Resolve(oldCgName, rt.CgroupParent); err == nil && !maps.Equal(cg.Paths, c.Cgroup) {
+			endGroup(oldCgName)
+		}
+		old := overlay.Dir(dir, nil)
+		if old.Target != c.RootFS && fsutil.IsMountPoint(old.Target) {
+			errs = append(errs, unix.Unmount(old.Target, unix.MNT_DETACH))
+		}
+		if old.Work != c.Work {
+			errs = append(errs, fsutil.RemoveAll(old.Work))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("recover the swap of %s: %w", displayName(c), err)
+	}
+	return nil
 }

@@ -160,3 +160,38 @@ func atoi(s string) int {
 	}
 	return n
 }
+
+// The process running a fork dies (SIGKILL) after the dump left the source frozen with its
+// upper moved: GC gives the source back, thawed, with its upper, and leaves nothing else.
+func TestGCRecoversADeadSwap(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	src := create(t, rt, "orphan", "python3", "-c", counterPy)
+	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 3 })
+	if err := os.WriteFile(filepath.Join(src.Upper, "precious"), []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := leftovers(t, rt.Tree)
+	s, err := fork.Dump(ctx, rt, src, fork.DumpOptions{Swap: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Swap || s.Owner != os.Getpid() {
+		t.Fatalf("swap dump: swap=%v owner=%d", s.Swap, s.Owner)
+	}
+	// As if this process had been killed here.
+	s.Owner = 1 << 22
+	if err := fork.Save(s); err != nil {
+		t.Fatal(err)
+	}
+	at := lastInt(src)
+	if err := fork.GC(rt); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "the source to run again", func() bool { return lastInt(src) > at+3 })
+	if b, err := os.ReadFile(filepath.Join(src.Upper, "precious")); err != nil || string(b) != "data" {
+		t.Errorf("the source's upper was not given back: %v", err)
+	}
+	if after := leftovers(t, rt.Tree); after != before {
+		t.Errorf("GC after a dead swap left:\n before %s\n after  %s", before, after)
+	}
+}
