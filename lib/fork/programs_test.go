@@ -197,3 +197,36 @@ for i in itertools.count():
 		t.Errorf("%d memory files, %d of them anonymous memory, for one process with 20,000 mappings; want one anonymous file and one per library", len(mem), anon)
 	}
 }
+
+// A server listening on a unix socket bound to a path, with a client connected to it in
+// the same container, forks: in the fork the pair goes on talking over the same
+// connection, and new clients reach the fork's own server.
+func TestForkUnixSocketServer(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import os, socket, threading, time, itertools
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind("/tmp/app.sock"); srv.listen(8)
+def serve():
+    while True:
+        c, _ = srv.accept()
+        threading.Thread(target=lambda c=c: [c.sendall(b"pong " + c.recv(64)) for _ in iter(int, 1)], daemon=True).start()
+threading.Thread(target=serve, daemon=True).start()
+cl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); cl.connect("/tmp/app.sock")
+for i in itertools.count():
+    cl.sendall(b"%d" % i)
+    print(cl.recv(64).decode(), flush=True)
+    time.sleep(0.1)
+`
+	src := create(t, rt, "unixsrv", "python3", "-c", py)
+	testutil.Eventually(t, 10*time.Second, "the pair to talk", func() bool { return len(lines(src)) > 3 })
+	f := doFork(t, rt, src, 1)[0]
+	n := len(lines(f))
+	testutil.Eventually(t, 10*time.Second, "the fork's pair to go on talking", func() bool { return len(lines(f)) > n+5 })
+	if l := lines(f); !strings.HasPrefix(l[len(l)-1], "pong ") {
+		t.Errorf("fork's last line %q", l[len(l)-1])
+	}
+	got := execOut(t, rt, f, "python3", "-c", `import socket; s = socket.socket(socket.AF_UNIX); s.connect("/tmp/app.sock"); s.sendall(b"x"); print(s.recv(64).decode())`)
+	if got != "pong x" {
+		t.Errorf("a new client of the fork's server got %q", got)
+	}
+}
