@@ -14,7 +14,8 @@
 #   root-<stamp>.tar.zst and root-<stamp>/   the guest root (debootstrap, ~80 s once)
 #
 # Settings (environment):
-#   LF_V2_PKGS     import paths to run (default: every package of the module)
+#   LF_V2_PKGS     packages to run, import paths or relative (lib/cgroup cmd/lazyfork);
+#                  default: every package of the module, cgroup/runtime/fork/criu first
 #   LF_V2_ACCEL    auto (default), kvm or tcg. auto uses TCG on a PVM host (kvm_pvm only
 #                  runs PVM-enabled guest kernels; Debian's stops in its decompressor)
 #   LF_V2_MEM, LF_V2_SMP   guest memory (MiB, 4096) and CPUs (2)
@@ -159,7 +160,7 @@ mkdir -p "$src" "$run/tests" "$run/result"
 # The checkout as it is now, minus .git and bin: what is built and tested.
 tar -C "$repo" --exclude=./.git --exclude=./bin -cf - . | tar -C "$src" -xf -
 if [ -n "${LF_V2_PATCH:-}" ]; then
-	patch -s -p1 -d "$src" <"$LF_V2_PATCH" || { log "LF_V2_PATCH=$LF_V2_PATCH does not apply"; exit 2; }
+	patch -s --forward --batch -p1 -d "$src" <"$LF_V2_PATCH" || { log "LF_V2_PATCH=$LF_V2_PATCH does not apply"; exit 2; }
 	log "applied $LF_V2_PATCH to the snapshot"
 fi
 # The binaries, as make build makes them.
@@ -183,6 +184,7 @@ fi
 entries=""
 testpkgs=()
 for p in $want; do
+	case $p in "$mod"/*) ;; *) p=$mod/${p#./} ;; esac # lib/cgroup = $mod/lib/cgroup
 	info=$(cd "$src" && go list -f '{{.Dir}} {{if or .TestGoFiles .XTestGoFiles}}yes{{end}}' "$p")
 	dir=${info%% *}
 	if [ "${info#* }" = yes ]; then

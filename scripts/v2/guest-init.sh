@@ -92,6 +92,8 @@ if [ -n "$CGROUP_PARENT" ]; then
 fi
 say "# tests run in cgroup ${svc#/sys/fs/cgroup} (root subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control); system.slice: $(cat /sys/fs/cgroup/system.slice/cgroup.subtree_control))"
 say "# criu: $(criu --version 2>&1 | head -1), $(criu check 2>&1 | tail -1)"
+# How much slower this machine is than the host (tests with fixed deadlines suffer).
+say "# speed: sha256 of 64 MiB in python3 takes $(python3 -c 'import hashlib,time;b=bytearray(64<<20);t=time.time();hashlib.sha256(b).digest();print("%.2f"%(time.time()-t))')s here"
 
 # 4. The project: its checkout at the path the test binaries were built from, the host's
 #    image store copied to tmpfs.
