@@ -38,12 +38,12 @@ FULL = dict(
     heaps=[128, 256], ns=[1, 10, 25, 50, 100], plain_ns=[1, 10, 25, 50, 100],
     lazy_ns=[1, 10, 25, 50], share_ns={256: [1, 10, 100], 128: [10, 100]},
     lineage_heap=256, lineage_levels=9, nfp_n=10, e2e_ns=[1, 100], swrk_ns=[1, 10, 100], huge_ns=[10, 100], settle=5.0,
-    target_heap=256, copy_runs=3, confine_n=50,
+    target_heap=256, copy_runs=3, confine_n=50, repeat_k=8,
 )
 SMOKE = dict(
     heaps=[16], ns=[1, 2], plain_ns=[1, 2], lazy_ns=[1], share_ns={16: [2]},
     lineage_heap=16, lineage_levels=2, nfp_n=1, e2e_ns=[2], swrk_ns=[2], huge_ns=[2], settle=1.0,
-    target_heap=16, copy_runs=1, confine_n=2,
+    target_heap=16, copy_runs=1, confine_n=2, repeat_k=2,
 )
 
 
@@ -845,7 +845,7 @@ class Bench:
             names = [self.name(f"h{heap}", "e2e", f"n{n}", i) for i in range(n)]
             pre = self.quiet()
             t = now()
-            forks = self.jsonl(self.lf("fork", src["id"], "-n", n, "--json",
+            forks = self.jsonl(self.lf("fork", src["id"], "-n", n, "--json", "--copy",
                                        *[a for nm in names for a in ("--name", nm)], timeout=900).stdout)
             wall = (now() - t) * 1000
             t_end = now()
@@ -857,6 +857,51 @@ class Bench:
                 dump_ms=tim.get("dump_ms"), frozen_ms=tim.get("frozen_ms"), memfile_ms=tim.get("memfile_ms"),
                 note="lazyfork fork -n N: dump + memfile + restore"))
             self.delete([f["id"] for f in forks])
+
+    # ---------- forking a live container again and again: swap (default) vs --copy ----------
+
+    def family_bytes(self):
+        root = Path(os.environ.get("LAZYFORK_RUN", "/dev/shm/lazyfork")) / "families"
+        total = 0
+        for dirpath, _, files in os.walk(root):
+            for fn in files:
+                try:
+                    total += os.lstat(os.path.join(dirpath, fn)).st_blocks * 512
+                except OSError:
+                    pass
+        return total
+
+    def repeat_rows(self, heap):
+        """One fork at a time of the same running source, each followed by an exec in the
+        fork (tree search forks one branch at a time): the default, where the first fork
+        moves the source onto its snapshot and later ones dump only what it changed, beside
+        --copy, which dumps and rewrites the whole heap every time."""
+        k = self.cfg["repeat_k"]
+        for method, tag, extra in (("lazyfork-repeat", "rep", ()), ("lazyfork-repeat-copy", "repc", ("--copy",))):
+            fam0 = self.family_bytes()
+            src = self.create_source(heap, self.name(f"h{heap}", tag, "src"))
+            pre = self.quiet()
+            times, frozen, forks = [], [], []
+            t0 = now()
+            for i in range(k + 1):
+                t = now()
+                f = self.jsonl(self.lf("fork", src["id"], "--name", self.name(f"h{heap}", tag, i), "--json",
+                                       *extra, timeout=600).stdout)[0]
+                self.lf("exec", f["id"], "--", "hostname")
+                times.append((now() - t) * 1000)
+                frozen.append((self.stats(f["id"]).get("timings_ms") or {}).get("frozen_ms"))
+                forks.append(f)
+            wall = (now() - t0) * 1000
+            self.settle(now())
+            ms = self.measure(forks)
+            post = meminfo()
+            self.row(method, heap, k + 1, ms, wall, pre, post, dict(
+                first_fork_exec_ms=times[0], repeat_fork_exec_p50_ms=pct(times[1:], 50),
+                repeat_fork_exec_max_ms=pct(times[1:], 100), first_frozen_ms=frozen[0],
+                repeat_frozen_p50_ms=pct([x for x in frozen[1:] if x is not None], 50),
+                family_files_bytes=self.family_bytes() - fam0,
+                note="lazyfork fork SRC --name X; lazyfork exec X -- hostname, one after another" + (" (--copy)" if extra else "")))
+            self.delete([f["id"] for f in forks] + [src["id"]])
 
     # ---------- the whole run ----------
 
@@ -907,6 +952,7 @@ class Bench:
         if heap == self.cfg["target_heap"]:
             self.idle_rows(heap)
             self.confinement_rows(heap)
+            self.repeat_rows(heap)
         self.share_rows(heap)
 
     def run_all(self):

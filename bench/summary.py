@@ -286,6 +286,24 @@ def render(b):
               f"memory per fork {c['fork_mem_p50_bytes'] / pv['fork_mem_p50_bytes']:.2f}x.")
         w("")
 
+    # ---- forking a live container again and again ----
+    rep = [r for r in rows if r["method"] in ("lazyfork-repeat", "lazyfork-repeat-copy") and r.get("forks_run")]
+    if rep:
+        w("## Forking a live container again and again (default vs `--copy`)")
+        w("")
+        w("One fork at a time of the same running source, each followed by `lazyfork exec FORK -- hostname` "
+          "(through the CLI, no daemon). By default the first fork moves the source onto its snapshot, so later "
+          "forks dump only what it changed since; `--copy` dumps and rewrites the whole heap every time.")
+        w("")
+        rs = []
+        for r in sorted(rep, key=lambda r: (r["heap_mb"], r["method"] != "lazyfork-repeat")):
+            rs.append([r["heap_mb"], r["n"], "default (swap)" if r["method"] == "lazyfork-repeat" else "--copy",
+                       ms(r.get("first_fork_exec_ms")), ms(r.get("repeat_fork_exec_p50_ms")), ms(r.get("first_frozen_ms")),
+                       ms(r.get("repeat_frozen_p50_ms")), mb(r.get("family_files_bytes"), 1), mb(r["fork_mem_p50_bytes"], 3)])
+        w(table(["heap MiB", "forks", "mode", "first fork+exec ms", "later fork+exec ms p50", "first pause ms",
+                 "later pause ms p50", "memory files MB", "MB per fork (p50)"], rs))
+        w("")
+
     # ---- restore path before/after ----
     swrk = [r for r in rows if r["method"] == "lazyfork-swrk" and r.get("forks_run")]
     if swrk:
