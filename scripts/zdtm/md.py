@@ -13,11 +13,14 @@ import sys
 
 
 def norm(err):
-    """A cause with numbers that differ between tests (ids, pids, ports, paths) blurred,
-    so tests failing the same way group together."""
-    e = re.sub(r"\b[0-9a-f]{12}\b", "ID", err)
-    e = re.sub(r"/dev/shm/\S+|/var/lib/\S+", "PATH", e)
-    e = re.sub(r"\d+", "N", e)
+    """The key tests failing the same way share: ids, inodes, pids, ports, paths, the
+    test's own file:line and what the product said about the source after the failure
+    are blurred."""
+    e = re.sub(r";? ?undoing the swap: .*$|\s*\(the source goes on as it was\)", "", err)
+    e = re.sub(r"^(start: start failed \(exit \d+\)): .*?: ", r"\1: ", e)
+    e = re.sub(r"\b[\w+-]+\.c:\d+: ", "", e)
+    e = re.sub(r"\b0x[0-9a-f]+\b|\b[0-9a-f]*\d[0-9a-f]*\b", "N", e)
+    e = re.sub(r"\S*\.lazyfork/mem/\S+|/dev/shm/\S+|/var/lib/\S+|\S+\.test\b", "PATH", e)
     return e
 
 
