@@ -29,6 +29,7 @@ type createCmd struct {
 	Memory     string `short:"m" help:"Memory limit of the container and each fork, in bytes with an optional k, m or g suffix (e.g. 512m)."`
 	PidsLimit  int64  `name:"pids-limit" help:"Most tasks (threads) the container and each fork may hold."`
 	Privileged bool   `help:"Run without confinement: every capability, no seccomp filter, no masked /proc paths, no device list (see docs/security.md)."`
+	Net        string `default:"none" enum:"none,host" help:"Network: none (a network namespace of its own, loopback only; each fork gets its own, so a server's port is free in every fork) or host (the host's network)."`
 }
 
 func (c *createCmd) Run(ctx context.Context, g *Globals) error {
@@ -44,7 +45,7 @@ func (c *createCmd) Run(ctx context.Context, g *Globals) error {
 		return fmt.Errorf("--pids-limit %d: give a positive number of tasks", c.PidsLimit)
 	}
 	in, err := e.Create(ctx, client.CreateRequest{Image: c.Image, Name: c.Name, Command: dashdash(c.Command), Env: c.Env, Hook: c.Hook,
-		User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged}, os.Stderr)
+		User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net}, os.Stderr)
 	if err != nil {
 		return err
 	}

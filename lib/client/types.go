@@ -49,6 +49,8 @@ type CreateRequest struct {
 	PidsLimit int64 `json:"pids_limit,omitempty"`
 	// Privileged opts out of confinement (docs/security.md).
 	Privileged bool `json:"privileged,omitempty"`
+	// Net: "none" (default: a network namespace of its own, loopback only) or "host".
+	Net string `json:"net,omitempty"`
 }
 
 // HookOptions choose what happens when a runtime hook does not answer.

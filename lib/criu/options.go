@@ -107,12 +107,15 @@ type DumpOptions struct {
 	// File locks are dumped unless this is set: SQLite, apt, pip and databases hold them,
 	// and without it CRIU refuses any tree that holds one.
 	SkipFileLocks bool
-	GhostLimit    uint32 // largest deleted-but-open file to carry in the image; 0: DefaultGhostLimit
-	LogFile       string // name in WorkDir; "" means "dump.log"
-	LogLevel      int    // 0 means DefaultLogLevel
-	Timeout       time.Duration
-	KdatDir       string // tmpfs directory for criu's kernel probe cache; "" disables it
-	Notify        NotifyFunc
+	// TCPEstablished dumps established TCP connections (TCP repair). Only for a tree in a
+	// network namespace of its own, where both ends of every connection are in the tree.
+	TCPEstablished bool
+	GhostLimit     uint32 // largest deleted-but-open file to carry in the image; 0: DefaultGhostLimit
+	LogFile        string // name in WorkDir; "" means "dump.log"
+	LogLevel       int    // 0 means DefaultLogLevel
+	Timeout        time.Duration
+	KdatDir        string // tmpfs directory for criu's kernel probe cache; "" disables it
+	Notify         NotifyFunc
 }
 
 // RestoreOptions describe one restore.
@@ -130,6 +133,8 @@ type RestoreOptions struct {
 	CgroupYard  string
 	CgroupMode  CgroupMode
 	NetworkLock NetworkLock
+	// TCPEstablished restores established TCP connections dumped with it.
+	TCPEstablished bool
 	// ExternalMounts maps the keys declared at dump time to host paths
 	// (e.g. "lfmem" -> "/dev/shm/lazyfork/families/f1").
 	ExternalMounts map[string]string
@@ -166,7 +171,7 @@ func (o *DumpOptions) criuOpts(imagesFd, workFd int) (*rpc.CriuOpts, error) {
 		Pid:            proto.Int32(int32(o.Pid)),
 		LeaveRunning:   proto.Bool(o.LeaveRunning),
 		ShellJob:       proto.Bool(false),
-		TcpEstablished: proto.Bool(false),
+		TcpEstablished: proto.Bool(o.TCPEstablished),
 		FileLocks:      proto.Bool(!o.SkipFileLocks),
 		// A file open under a name that was since removed while other links remain gets a
 		// temporary link in the tree's own file system, so it is restored (the frozen upper
@@ -209,7 +214,7 @@ func (o *RestoreOptions) criuOpts(imagesFd, workFd int, yard string) (*rpc.CriuO
 		WorkDirFd:      proto.Int32(int32(workFd)),
 		RstSibling:     proto.Bool(true),
 		ShellJob:       proto.Bool(false),
-		TcpEstablished: proto.Bool(false),
+		TcpEstablished: proto.Bool(o.TCPEstablished),
 		// Harmless when the image holds no lock; needed when it does.
 		FileLocks:         proto.Bool(true),
 		LogFile:           proto.String(orDefault(o.LogFile, "restore.log")),

@@ -114,6 +114,7 @@ func (s *Service) Create(ctx context.Context, req client.CreateRequest, progress
 	c, err := s.RT.Create(ctx, runtime.CreateOptions{
 		Image: req.Image, Name: req.Name, Command: req.Command, Env: env, Hook: req.Hook, Progress: progress,
 		User: req.User, Memory: req.Memory, PidsLimit: req.PidsLimit, Privileged: req.Privileged,
+		Net: req.Net,
 	})
 	if err != nil {
 		return nil, err

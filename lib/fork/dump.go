@@ -110,7 +110,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		Family:      c.Family,
 		Layer:       filepath.Join(LayersDir(), id),
 		Image:       c.Image, Command: c.Command, Env: c.Env, WorkingDir: c.WorkingDir, Hook: c.Hook,
-		Confine: c.Confine, Memory: c.Memory, PidsLimit: c.PidsLimit,
+		Confine: c.Confine, Memory: c.Memory, PidsLimit: c.PidsLimit, Net: c.Net,
 	}
 	if s.Family == "" {
 		s.Family = id // a root container's first generation of forks starts a family
@@ -173,6 +173,12 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		LeaveRunning:   !o.Exit,
 		FreezeCgroup:   cg.FreezerDir(),
 		ExternalMounts: map[string]string{runtime.MemMount: memKey},
+		// A container's own network namespace holds loopback only, and its processes are
+		// frozen: nothing to lock (and these hosts have no iptables for CRIU's default).
+		NetworkLock: criu.NetworkLockSkip,
+		// In a namespace of its own (--net none) both ends of every TCP connection are in
+		// the container: each fork gets the pair, connected, in its own namespace.
+		TCPEstablished: c.Net == runtime.NetNone,
 		Timeout:        DumpTimeout,
 		KdatDir:        kdatDir(),
 		Notify: func(script string, _ int) error {

@@ -91,7 +91,7 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 	// One reservation for the whole batch: the names are checked against the store once.
 	forks, err := rt.ReserveN(o.N, o.Names, func(c *tree.Container) error {
 		c.Image, c.Command, c.Env, c.WorkingDir, c.Hook = s.Image, s.Command, s.Env, s.WorkingDir, s.Hook
-		c.Confine, c.Memory, c.PidsLimit = s.Confine, s.Memory, s.PidsLimit
+		c.Confine, c.Memory, c.PidsLimit, c.Net = s.Confine, s.Memory, s.PidsLimit, s.Net
 		c.Parent, c.Depth = s.Source.ID, s.Source.Depth+1
 		c.Lower = s.Lower
 		c.Family, c.MemDir = s.Family, s.FamilyDir
@@ -234,6 +234,8 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 		Root:           c.RootFS,
 		CgroupRoots:    cg.CriuRootArgs(),
 		ExternalMounts: map[string]string{memKey: s.FamilyDir},
+		NetworkLock:    criu.NetworkLockSkip, // see Dump
+		TCPEstablished: s.Net == runtime.NetNone,
 		Timeout:        RestoreTimeout,
 		KdatDir:        kdatDir(),
 		JoinCgroup:     cg.ProcsFiles(),

@@ -31,6 +31,7 @@ type initConfig struct {
 	WorkingDir string          `json:"working_dir"`
 	MemDir     string          `json:"mem_dir"`
 	Confine    confine.Profile `json:"confine"`
+	OwnNet     bool            `json:"own_net"` // a new network namespace: bring loopback up
 }
 
 // Paths inside every container.
@@ -102,6 +103,11 @@ func containerInit() error {
 	}
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return fmt.Errorf("set hostname: %w", err)
+	}
+	if cfg.OwnNet {
+		if err := loopbackUp(); err != nil {
+			return err
+		}
 	}
 	wd := cfg.WorkingDir
 	if wd == "" {
@@ -377,6 +383,27 @@ func redirectOutput() error {
 		if err := unix.Dup3(int(f.Fd()), fd, 0); err != nil {
 			return fmt.Errorf("redirect fd %d: %w", fd, err)
 		}
+	}
+	return nil
+}
+
+// loopbackUp brings up lo, the only interface of a new network namespace.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("bring up loopback: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return fmt.Errorf("bring up loopback: %w", err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring up loopback: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring up loopback: %w", err)
 	}
 	return nil
 }

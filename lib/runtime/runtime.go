@@ -67,6 +67,26 @@ type CreateOptions struct {
 	// Memory (bytes) and PidsLimit cap the container's cgroup; 0 means no limit.
 	Memory    int64
 	PidsLimit int64
+	// Net is the network mode: NetNone (default: a namespace of its own, loopback only)
+	// or NetHost (the host's network, as containers had before).
+	Net string
+}
+
+// Network modes.
+const (
+	NetNone = "none"
+	NetHost = "host"
+)
+
+// NetMode checks a --net value ("" means the default, none).
+func NetMode(s string) (string, error) {
+	switch s {
+	case "", NetNone:
+		return NetNone, nil
+	case NetHost:
+		return NetHost, nil
+	}
+	return "", fmt.Errorf("network mode %q: use none (a network namespace of its own, loopback only) or host", s)
 }
 
 // MemDir is where a root container's (empty) /.lazyfork/mem lives on the host.
@@ -108,6 +128,10 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 	if o.Memory < 0 || o.PidsLimit < 0 {
 		return nil, fmt.Errorf("memory limit %d and pids limit %d: limits must be positive (0 means none)", o.Memory, o.PidsLimit)
 	}
+	net, err := NetMode(o.Net)
+	if err != nil {
+		return nil, err
+	}
 	prof := confine.Default()
 	if o.Privileged {
 		prof = confine.Privileged()
@@ -133,6 +157,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		c.WorkingDir = img.WorkingDir
 		c.Hook = o.Hook
 		c.Memory, c.PidsLimit = o.Memory, o.PidsLimit
+		c.Net = net
 		c.Confine = &prof
 		return nil
 	})
@@ -175,7 +200,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 
 	pid, err := r.startInit(cg, initConfig{
 		RootFS: c.RootFS, Hostname: c.Hostname, Args: args, Env: env,
-		WorkingDir: c.WorkingDir, MemDir: c.MemDir, Confine: prof,
+		WorkingDir: c.WorkingDir, MemDir: c.MemDir, Confine: prof, OwnNet: c.Net == NetNone,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", displayName(c), err)
@@ -316,8 +341,12 @@ func (r *Runtime) startInit(cg *cgroup.Cgroup, cfg initConfig) (int, error) {
 	cmd := exec.Command(exe, InitArg)
 	cmd.ExtraFiles = []*os.File{cfgR, errW}
 	cmd.Env = []string{}
+	flags := uintptr(syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC)
+	if cfg.OwnNet {
+		flags |= syscall.CLONE_NEWNET
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
+		Cloneflags: flags,
 		// The container's pid 1 must lead its own session inside the pid namespace, or
 		// CRIU refuses to dump it.
 		Setsid: true,

@@ -75,6 +75,9 @@ type Snapshot struct {
 	Confine   *confine.Profile `json:"confine,omitempty"`
 	Memory    int64            `json:"memory,omitempty"`
 	PidsLimit int64            `json:"pids_limit,omitempty"`
+	// Net is the source's network mode; each fork of a "none" source gets a network
+	// namespace of its own (CRIU restores it from the image).
+	Net string `json:"net,omitempty"`
 
 	Dump    DumpStats     `json:"dump"`
 	Memfile *MemfileStats `json:"memfile,omitempty"`

@@ -69,6 +69,10 @@ type Container struct {
 	// keep them (CRIU copies the limits into each fork's cgroup).
 	Memory    int64 `json:"memory,omitempty"`
 	PidsLimit int64 `json:"pids_limit,omitempty"`
+	// Net is the network mode: "none" (a network namespace of its own with loopback only;
+	// each fork gets its own) or "host" (the host's). "" is a record from before network
+	// namespaces: host.
+	Net string `json:"net,omitempty"`
 	// Confine is how every process in the container is confined; a process started inside
 	// it (exec, shell) must Apply it before its execve. A record without it was created
 	// before confinement existed and runs privileged: see ConfineProfile.

@@ -158,7 +158,8 @@ class Client:
         return Container(self, ref)
 
     def create(self, image, command=None, name=None, env=None, hook=None,
-               user=None, memory=None, pids_limit=None, privileged=False):
+               user=None, memory=None, pids_limit=None, privileged=False,
+               net=None):
         """Create and start a container; returns its handle. memory is in bytes;
         privileged=True opts out of confinement (docs/security.md)."""
         body = {"image": image}
@@ -170,6 +171,8 @@ class Client:
             body["pids_limit"] = int(pids_limit)
         if privileged:
             body["privileged"] = True
+        if net:
+            body["net"] = net  # "none" (default) or "host"
         if command is not None:
             body["command"] = list(command)
         if name is not None:

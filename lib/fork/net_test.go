@@ -1,0 +1,88 @@
+package fork_test
+
+import (
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/testutil"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// tcpPair is a TCP server on 127.0.0.1:8080 with a client connected to it, in one process:
+// what a web app and its own health checker, or a database and its client, hold.
+const tcpPair = `import socket, threading, time, itertools
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 8080)); srv.listen(8)
+def serve():
+    while True:
+        c, _ = srv.accept()
+        threading.Thread(target=lambda c=c: [c.sendall(b"pong " + c.recv(64)) for _ in iter(int, 1)], daemon=True).start()
+threading.Thread(target=serve, daemon=True).start()
+cl = socket.create_connection(("127.0.0.1", 8080))
+for i in itertools.count():
+    cl.sendall(b"%d" % i)
+    print(cl.recv(64).decode(), [n for _, n in socket.if_nameindex()], flush=True)
+    time.sleep(0.1)
+`
+
+// By default a container has a network namespace of its own with loopback only, and so
+// does each fork: a server listening in the source listens at the same port in every
+// fork, its established connection goes on in every fork, and new clients reach each
+// fork's own server.
+func TestForkServerWithItsOwnNetwork(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	src := create(t, rt, "server", "python3", "-c", tcpPair)
+	if src.Net != runtime.NetNone {
+		t.Fatalf("default network mode %q, want none", src.Net)
+	}
+	testutil.Eventually(t, 10*time.Second, "the pair to talk", func() bool { return len(lines(src)) > 3 })
+	if l := lines(src); !strings.HasSuffix(l[len(l)-1], "['lo']") {
+		t.Fatalf("the container sees interfaces %q, want only lo", l[len(l)-1])
+	}
+	forks := doFork(t, rt, src, 2)
+	for _, f := range append(forks, mustGet(t, rt, src.ID)) {
+		f := f
+		n := len(lines(f))
+		testutil.Eventually(t, 10*time.Second, f.ID+"'s pair to go on talking", func() bool { return len(lines(f)) > n+5 })
+		l := lines(f)
+		if !strings.HasPrefix(l[len(l)-1], "pong ") {
+			t.Errorf("%s: last line %q", f.ID, l[len(l)-1])
+		}
+		got := execOut(t, rt, f, "python3", "-c", `import socket; s = socket.create_connection(("127.0.0.1", 8080)); s.sendall(b"new"); print(s.recv(64).decode())`)
+		if got != "pong new" {
+			t.Errorf("%s: a new client got %q", f.ID, got)
+		}
+	}
+}
+
+// --net host keeps the host's network (what containers had before).
+func TestNetHost(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "hostnet", Net: runtime.NetHost,
+		Command: []string{"sleep", "100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ifs, _ := net.Interfaces()
+	host := len(ifs)
+	got := execOut(t, rt, c, "python3", "-c", "import socket; print(len(socket.if_nameindex()))")
+	if got != strconv.Itoa(host) {
+		t.Errorf("--net host sees %s interfaces, the host has %d", got, host)
+	}
+	if _, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Net: "bridge", Command: []string{"true"}}); err == nil || !strings.Contains(err.Error(), "use none") {
+		t.Errorf("unknown mode: %v", err)
+	}
+}
+
+func mustGet(t *testing.T, rt *runtime.Runtime, id string) *tree.Container {
+	t.Helper()
+	c, err := rt.Tree.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
