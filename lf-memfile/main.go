@@ -26,11 +26,13 @@ type cli struct {
 	NoFilePrivate bool   `help:"Leave copied-on-write library pages in the image (per-fork floor ~2 MB)."`
 	HugePages     bool   `help:"Make dense 2 MiB stretches of anonymous memory huge pages: forks map them without page tables (~0.4 MB less per working fork of a 256 MiB heap); the rewrite takes longer."`
 	Rebase        *bool  `help:"Force (or with --no-rebase forbid) writing fresh memory files for a fork's delta." negatable:""`
+	DryRun        bool   `help:"Print the plan (lf-inspect's JSON: each VMA's decision and why) and write nothing."`
+	Explain       bool   `help:"Tell on stderr what the rewrite found and what it does with it, and why."`
 }
 
 func main() {
 	var c cli
-	kong.Parse(&c, kong.Name("lf-memfile"), kong.Description("Move a CRIU image's memory into tmpfs memory files; prints snapshot JSON."))
+	kong.Parse(&c, kong.Name("lf-memfile"), kong.Description("Move a CRIU image's memory into tmpfs memory files; prints snapshot JSON.\n\nExample: lf-dump c1 | lf-memfile --explain | lf-restore -n 10"))
 	stagecmd.Run("lf-memfile", func(ctx context.Context) error { return run(ctx, c) })
 }
 
@@ -41,6 +43,18 @@ func run(ctx context.Context, c cli) error {
 	s, err := fork.ReadSnapshotArg(c.Snapshot)
 	if err != nil {
 		return err
+	}
+	if c.DryRun || c.Explain {
+		rep, err := memfile.Inspect(memfile.Options{ImagesDir: s.ImagesDir, FamilyDir: s.FamilyDir, ConvertFilePrivate: !c.NoFilePrivate})
+		if err != nil {
+			return err
+		}
+		if c.Explain {
+			rep.Explain(os.Stderr)
+		}
+		if c.DryRun {
+			return json.NewEncoder(os.Stdout).Encode(rep)
+		}
 	}
 	s, err = fork.Memfile(ctx, s, fork.MemfileOptions{Force: c.Force, NoFilePrivate: c.NoFilePrivate, Rebase: c.Rebase, HugePages: c.HugePages})
 	if err != nil {

@@ -67,8 +67,18 @@ func TestInspectExplainsACheckpoint(t *testing.T) {
 		t.Errorf("lf-inspect changed the snapshot:\n%s\n---\n%s", before, after)
 	}
 	_ = dumped
-	// After the rewrite the checkpoint maps the family's memory files.
-	r = decode(e.must("lf-memfile < " + e.run + "/d.json | lf-inspect --json"))
+	// lf-memfile --dry-run prints the same plan and writes nothing.
+	if plan := decode(e.must("lf-memfile --dry-run < " + e.run + "/d.json")); plan.Pages.ToMemoryFiles != r.Pages.ToMemoryFiles || len(plan.VMAs) != len(r.VMAs) {
+		t.Errorf("dry run plan %+v, inspect %+v", plan.Pages, r.Pages)
+	}
+	if after := e.must("ls -lR " + e.run + "/snapshots"); after != before {
+		t.Errorf("lf-memfile --dry-run changed the snapshot")
+	}
+	// After the rewrite the checkpoint maps the family's memory files; --explain says why.
+	if _, stderr, code := e.sh("lf-memfile --explain < " + e.run + "/d.json > " + e.run + "/m.json"); code != 0 || !strings.Contains(stderr, "pages to memory files") || !strings.Contains(stderr, "private anonymous memory") {
+		t.Errorf("lf-memfile --explain: exit %d, stderr:\n%s", code, stderr)
+	}
+	r = decode(e.must("lf-inspect --json < " + e.run + "/m.json"))
 	if !r.Rewritten || r.Pages.SharedFamily < 8000 || r.Pages.ToMemoryFiles != 0 {
 		t.Errorf("after the rewrite: rewritten=%v %+v", r.Rewritten, r.Pages)
 	}

@@ -3,6 +3,7 @@ package memfile
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -220,4 +221,30 @@ func protString(prot, flags uint32) string {
 		b[3] = 's'
 	}
 	return string(b)
+}
+
+// Explain writes a short human account of a plan or a rewrite: how many VMAs and pages
+// got each decision, and why, grouped (the --explain of lf-memfile).
+func (r *Report) Explain(w io.Writer) {
+	type key struct{ decision, why string }
+	count := map[key][2]int64{}
+	var order []key
+	for _, v := range r.VMAs {
+		why := v.Why
+		if i := strings.IndexAny(why, ":("); i > 0 && v.Decision != "keep" {
+			why = strings.TrimSpace(why[:i]) // the reason without this VMA's own numbers
+		}
+		k := key{v.Decision, why}
+		if _, ok := count[k]; !ok {
+			order = append(order, k)
+		}
+		c := count[k]
+		count[k] = [2]int64{c[0] + 1, c[1] + v.Pages}
+	}
+	fmt.Fprintf(w, "%s: %d task(s), %d VMAs, %d pages with data in the image\n", r.Dir, r.Tasks, len(r.VMAs), r.Pages.InImage)
+	for _, k := range order {
+		c := count[k]
+		fmt.Fprintf(w, "  %-12s %4d VMAs %8d pages  %s\n", k.decision, c[0], c[1], k.why)
+	}
+	fmt.Fprintf(w, "  => %d pages to memory files, %d stay in the image; %d memory files\n", r.Pages.ToMemoryFiles, r.Pages.StayInImage, len(r.Files))
 }
