@@ -230,3 +230,25 @@ for i in itertools.count():
 		t.Errorf("a new client of the fork's server got %q", got)
 	}
 }
+
+// A program talking to a child through a pseudo-terminal (the container's own devpts)
+// forks, and the conversation goes on in the fork.
+func TestForkPseudoTerminal(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import pty, os, time, itertools
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp("sh", ["sh", "-c", "while true; do read l; echo got:$l; done"])
+for i in itertools.count():
+    os.write(fd, b"%d\n" % i); time.sleep(0.1)
+    print(" ".join(os.read(fd, 200).decode().split()), flush=True)
+`
+	src := create(t, rt, "pty", "python3", "-c", py)
+	testutil.Eventually(t, 10*time.Second, "the terminal to answer", func() bool { return len(lines(src)) > 3 })
+	f := doFork(t, rt, src, 1)[0]
+	n := len(lines(f))
+	testutil.Eventually(t, 10*time.Second, "the fork's terminal to answer", func() bool { return len(lines(f)) > n+3 })
+	if l := lines(f); !strings.Contains(l[len(l)-1], "got:") {
+		t.Errorf("fork's last line %q", l[len(l)-1])
+	}
+}

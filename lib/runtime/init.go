@@ -206,6 +206,14 @@ func setupMounts(mem int, confined bool) error {
 			return err
 		}
 	}
+	// A devpts of the container's own (newinstance): programs open pseudo-terminals
+	// (terminals, expect, script, ssh) through /dev/ptmx, and see no host terminal.
+	if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return fmt.Errorf("mount /dev/pts: %w", err)
+	}
+	if err := os.Symlink("pts/ptmx", "/dev/ptmx"); err != nil {
+		return fmt.Errorf("create /dev/ptmx: %w", err)
+	}
 	if err := bindReadOnly(oc, "/proc/sys/vm/overcommit_memory", 0); err != nil {
 		return fmt.Errorf("bind overcommit_memory: %w", err)
 	}
