@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,10 +13,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/lazyfork/lazyfork/lib/image"
 	"github.com/lazyfork/lazyfork/lib/runtime"
@@ -67,27 +62,7 @@ func symImage(t *testing.T, user string, entries ...entry) string {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	data := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, l)
-	if err == nil {
-		img, err = mutate.Config(img, v1.Config{User: user, Cmd: []string{"sleep", "100000"}})
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "layout")
-	p, err := layout.Write(dir, empty.Index)
-	if err == nil {
-		err = p.AppendImage(img)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return layoutOf(t, buf.Bytes(), v1.Config{User: user, Cmd: []string{"sleep", "100000"}})
 }
 
 // ownImageRuntime is a test runtime whose image store is its own, inside the test's

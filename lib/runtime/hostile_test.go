@@ -15,12 +15,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/lazyfork/lazyfork/lib/image"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
@@ -67,46 +62,7 @@ func busyboxLayout(t *testing.T, env []string, files ...layerFile) string {
 		tw.Write(f.body)
 	}
 	tw.Close()
-	data := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, l)
-	if err == nil {
-		img, err = mutate.Config(img, v1.Config{Env: env, Cmd: []string{"sleep", "100000"}})
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "layout")
-	p, err := layout.Write(dir, empty.Index)
-	if err == nil {
-		err = p.AppendImage(img)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-// newPrivateRuntime is a test runtime with an image store of its own, inside the
-// runtime's LAZYFORK_ROOT (lower layers must lie inside the state roots), for images the
-// test makes.
-func newPrivateRuntime(t *testing.T) *runtime.Runtime {
-	t.Helper()
-	rt := testutil.NewRuntime(t)
-	dir := filepath.Join(os.Getenv("LAZYFORK_ROOT"), "images")
-	// NewRuntime links it to the machine's store; this test's images stay its own.
-	if err := os.Remove(dir); err != nil {
-		t.Fatal(err)
-	}
-	s, err := image.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt.Images = s
-	return rt
+	return layoutOf(t, buf.Bytes(), v1.Config{Env: env, Cmd: []string{"sleep", "100000"}})
 }
 
 const preloadSrc = `#include <fcntl.h>
@@ -152,7 +108,7 @@ func TestExecIgnoresHostileImageEnv(t *testing.T) {
 		layerFile{name: rel + "/evil.so", body: lib, mode: 0o755},
 		layerFile{name: rel + "/bin/whereami", body: []byte("#!/bin/sh\necho inside-image\n"), mode: 0o755})
 
-	rt := newPrivateRuntime(t)
+	rt := ownImageRuntime(t)
 	ctx := context.Background()
 	c, err := rt.Create(ctx, runtime.CreateOptions{Image: dir, Name: "hostile-env"})
 	if err != nil {
@@ -196,7 +152,7 @@ func TestExecIgnoresHostileImageEnv(t *testing.T) {
 // TestExecOutputBound: captured output is bounded; a command writing more is killed and
 // exec fails with a one-line error; streamed output is not bounded.
 func TestExecOutputBound(t *testing.T) {
-	rt := newPrivateRuntime(t)
+	rt := ownImageRuntime(t)
 	ctx := context.Background()
 	c, err := rt.Create(ctx, runtime.CreateOptions{Image: busyboxLayout(t, []string{"PATH=/bin"}), Name: "chatty"})
 	if err != nil {
@@ -247,7 +203,7 @@ func (w *countWriter) Write(p []byte) (int, error) { *w += countWriter(len(p)); 
 // profile, a --user container and a privileged one; and the exec helper is not visible
 // inside.
 func TestExecConfinedAsInit(t *testing.T) {
-	rt := newPrivateRuntime(t)
+	rt := ownImageRuntime(t)
 	ctx := context.Background()
 	layout := busyboxLayout(t, []string{"PATH=/bin"}, layerFile{name: "etc/", dir: true},
 		layerFile{name: "etc/passwd", body: []byte("root:x:0:0::/root:/bin/sh\nagent:x:1000:1000::/home/agent:/bin/sh\n")},
@@ -303,7 +259,7 @@ func TestExecConfinedAsInit(t *testing.T) {
 // reading the log from the host never reads a host file, never blocks, never opens a
 // device.
 func TestLogsStayInsideContainer(t *testing.T) {
-	rt := newPrivateRuntime(t)
+	rt := ownImageRuntime(t)
 	ctx := context.Background()
 	host := t.TempDir()
 	secret := filepath.Join(host, "output.log")

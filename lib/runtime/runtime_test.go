@@ -89,7 +89,7 @@ func TestCreateOutputGrowsAndExecSeesContainer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("exec /dev checks: %v", err)
 	}
-	if want := "fd full null pts random shm stderr stdin stdout tty urandom zero\n 00 00 00\n1777\n0\nok"; strings.TrimSpace(res.Stdout) != want {
+	if want := "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero\n 00 00 00\n1777\n0\nok"; strings.TrimSpace(res.Stdout) != want {
 		t.Errorf("/dev inside:\n%s\nwant:\n%s", res.Stdout, want)
 	}
 	res, err = rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"sh", "-c", "echo oops >&2; exit 7"}})
