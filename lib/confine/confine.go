@@ -146,17 +146,26 @@ func capsFromNames(names []string) ([]capability.Cap, error) {
 	return out, nil
 }
 
-func (p Profile) dropBounding() error {
+// current returns this thread's capability sets, loaded, and the profile's capabilities.
+func (p Profile) current() (capability.Capabilities, []capability.Cap, error) {
 	caps, err := capsFromNames(p.Caps)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	c, err := capability.NewPid2(0)
-	if err != nil {
-		return fmt.Errorf("confine: read capabilities: %w", err)
+	if err == nil {
+		err = c.Load()
 	}
-	if err := c.Load(); err != nil {
-		return fmt.Errorf("confine: read capabilities: %w", err)
+	if err != nil {
+		return nil, nil, fmt.Errorf("confine: read capabilities: %w", err)
+	}
+	return c, caps, nil
+}
+
+func (p Profile) dropBounding() error {
+	c, caps, err := p.current()
+	if err != nil {
+		return err
 	}
 	c.Clear(capability.BOUNDING)
 	c.Set(capability.BOUNDING, caps...)
@@ -167,16 +176,9 @@ func (p Profile) dropBounding() error {
 }
 
 func (p Profile) setCaps() error {
-	caps, err := capsFromNames(p.Caps)
+	c, caps, err := p.current()
 	if err != nil {
 		return err
-	}
-	c, err := capability.NewPid2(0)
-	if err != nil {
-		return fmt.Errorf("confine: read capabilities: %w", err)
-	}
-	if err := c.Load(); err != nil {
-		return fmt.Errorf("confine: read capabilities: %w", err)
 	}
 	c.Clear(capability.CAPS | capability.AMBIENT)
 	c.Set(capability.EFFECTIVE|capability.PERMITTED|capability.INHERITABLE, caps...)
