@@ -106,8 +106,8 @@ say "# boot+setup $(awk -v a=$t0 -v b=$ti 'BEGIN{printf "%.1f", b-a}')s after in
 # A heartbeat on the console log: what runs, every 2 minutes (for hangs under emulation).
 (
 	while sleep 120; do
-		echo "v2-guest: heartbeat $(cut -d' ' -f1 /proc/uptime)s, load $(cut -d' ' -f1-3 /proc/loadavg)" >/dev/console
-		ps -eo pid,stat,etime,time,wchan:24,args --sort=-time | head -8 | cut -c1-200 >/dev/console
+		echo "v2-guest: heartbeat $(cut -d' ' -f1 /proc/uptime)s, load $(cut -d' ' -f1-3 /proc/loadavg), test dirs: $(cd /tmp && ls -d Test* 2>/dev/null | tail -3 | tr '\n' ' ')" >/dev/console
+		ps -eo pid,stat,etime,time,wchan:24,args --forest | grep -v ' \[' | tail -n 20 | cut -c1-200 >/dev/console
 	done
 ) &
 
@@ -126,7 +126,7 @@ for entry in $PKGS; do
 		echo 0 >$svc/cgroup.procs # moves this subshell (the writer) into the service
 		cd "$dir" &&
 			exec env HOME=/root LF_REQUIRE_PRIV=1 LAZYFORK_BIN="$REPO/bin" $EXTRA_ENV \
-				timeout -k 10 "$PKG_TIMEOUT" $S/tests/$bin -test.count=1 -test.v=false -test.timeout="${PKG_TIMEOUT}s" $TEST_ARGS
+				timeout -k 10 "$((PKG_TIMEOUT + 60))" $S/tests/$bin -test.count=1 -test.v=false -test.timeout="${PKG_TIMEOUT}s" $TEST_ARGS
 	) >$log 2>&1
 	rc=$?
 	el=$(awk -v a=$ts -v b=$(cut -d' ' -f1 /proc/uptime) 'BEGIN{printf "%.3f", b-a}')
@@ -144,7 +144,7 @@ for entry in $PKGS; do
 		else
 			cat $log >$out
 		fi
-		[ $rc = 124 ] && say "# timed out after ${PKG_TIMEOUT}s"
+		[ $rc = 124 ] && say "# killed: still running $((PKG_TIMEOUT + 60))s after it started (-test.timeout=${PKG_TIMEOUT}s did not end it)"
 		say "FAIL	$pkg	${el}s"
 	fi
 	# What a package leaves behind on the machine is a failure of its own.
