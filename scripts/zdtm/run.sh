@@ -25,7 +25,14 @@ if [ $quick = 1 ]; then
 else
 	csv=$REPO/bench/results/zdtm$suffix.csv md=$REPO/docs/zdtm$suffix.md
 fi
-export ZDTM_META="$(date -u '+%Y-%m-%d %H:%M UTC'), LazyFork $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null), \
+# bin/ is shared and rebuilt by others at any time: this run uses a copy taken now.
+pin=$(mktemp -d "$ZDTM_WORK/bin.XXXXXX")
+trap 'rm -rf "$pin"' EXIT
+cp -a "$LF_BIN"/. "$pin"/
+built=$(date -u -r "$LF_BIN/lazyfork" '+%H:%M UTC')
+export LF_BIN=$pin
+dirty=$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo ", uncommitted changes in the tree" || true)
+export ZDTM_META="$(date -u '+%Y-%m-%d %H:%M UTC'), LazyFork $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null) (bin/ built $built$dirty, copied at the start), \
 CRIU $("$("$HERE/criu-path.sh")" --version 2>/dev/null | sed -n 's/^Version: //p') (tests of CRIU ${ZDTM_CRIU_REF:-v4.2}), \
 kernel $(uname -r), containers $mode"
 nice -n 10 python3 "$HERE/run.py" --csv "$csv" "$@"
