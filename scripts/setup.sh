@@ -28,7 +28,9 @@ install_pkgs() { # packages from the host's own release, no Recommends, nothing 
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade "${missing[@]}" >&2
 }
 
-install_pkgs debootstrap python3 busybox-static util-linux procps
+# iptables: CRIU runs iptables-restore when it restores a network namespace (every
+# container has its own by default).
+install_pkgs debootstrap python3 busybox-static util-linux procps iptables
 
 # The CRIU version this kernel needs.
 kver=$(uname -r | grep -oE '^[0-9]+\.[0-9]+')

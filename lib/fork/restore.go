@@ -208,12 +208,14 @@ func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc
 // start mounts c's overlay (lower = the snapshot's stack, the given upper), makes its
 // cgroup and restores the snapshot into them. The caller undoes a failure with Delete.
 func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper string, svc *criu.Service) error {
-	return startIn(ctx, rt, c, s, upper, c.ID, svc)
+	return startIn(ctx, rt, c, s, upper, c.ID, svc, true)
 }
 
 // startIn is start with the container's cgroup named cgName (a swapped source gets a new
-// group while its old processes are still frozen in the one named by its id).
-func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service) error {
+// group while its old processes are still frozen in the one named by its id). rename sets
+// the restored tree's hostname to the record's (forks); a swapped source keeps whatever
+// its processes had set, as it is the same container.
+func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, rename bool) error {
 	layer := overlay.Layer{Lower: c.Lower, Upper: upper, Work: c.Work, Target: c.RootFS}
 	if err := overlay.Prepare(layer); err != nil {
 		return fmt.Errorf("fork %s: %w", c.ID, err)
@@ -243,7 +245,7 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 		Notify: func(script string, pid int) error {
 			// CRIU restores the source's UTS namespace; rename it before the tasks resume
 			// so the workload never sees its parent's hostname.
-			if script == "post-restore" && pid > 0 {
+			if script == "post-restore" && pid > 0 && rename {
 				return setHostname(pid, c.Hostname)
 			}
 			return nil

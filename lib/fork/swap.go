@@ -73,7 +73,7 @@ func Swap(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.
 	}
 	c.Lower, c.RootFS, c.Work = s.Lower, newRoot, newWork
 	c.Family, c.MemDir = s.Family, s.FamilyDir
-	if err := startIn(ctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, nil); err != nil {
+	if err := startIn(ctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, nil, false); err != nil {
 		return fmt.Errorf("swap %s: %w", displayName(c), err)
 	}
 	// Running, not just restored: the new init is alive a moment later.

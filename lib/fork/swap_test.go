@@ -46,6 +46,9 @@ func TestForkSwapsSourceOntoSnapshot(t *testing.T) {
 	if cur.Pid == oldPid || cur.ID != oldID || cur.Name != "swapped" || cur.Hostname != oldHost || cur.Family == "" {
 		t.Fatalf("after the swap: pid %d (was %d), id %s, name %s, hostname %s, family %q", cur.Pid, oldPid, cur.ID, cur.Name, cur.Hostname, cur.Family)
 	}
+	if h := execOut(t, rt, cur, "hostname"); h != oldHost {
+		t.Errorf("the swapped source's hostname is %q, want %q", h, oldHost)
+	}
 	if _, err := os.Stat("/proc/" + itoa(oldPid)); err == nil {
 		t.Errorf("the old source process %d is still there", oldPid)
 	}
