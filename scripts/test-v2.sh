@@ -24,8 +24,8 @@
 #   LF_V2_ACCEL    auto (default), kvm or tcg. auto uses TCG on a PVM host (kvm_pvm only
 #                  runs PVM-enabled guest kernels; Debian's stops in its decompressor)
 #   LF_V2_MEM, LF_V2_SMP   guest memory (MiB, 4096) and CPUs (2)
-#   LF_V2_TIMEOUT  hard limit for the whole VM in seconds (3600)
-#   LF_V2_PKG_TIMEOUT  per package, seconds (1500, like make test's 25m)
+#   LF_V2_TIMEOUT  hard limit for the whole VM in seconds (7200)
+#   LF_V2_PKG_TIMEOUT  per package, seconds (3000: make test's 25m is too short under TCG)
 #   LF_V2_TEST_ARGS    extra test binary flags, e.g. "-test.run=TestX -test.v"
 #   LF_V2_CGROUP_PARENT  LAZYFORK_CGROUP_PARENT for the tests (default /lazyfork-test.slice,
 #                  an empty group the guest delegates: the tests run inside a systemd-like
@@ -47,8 +47,8 @@ suite=trixie
 mirror=${LF_V2_MIRROR:-http://deb.debian.org/debian}
 mem=${LF_V2_MEM:-4096}
 smp=${LF_V2_SMP:-2}
-vm_timeout=${LF_V2_TIMEOUT:-3600}
-pkg_timeout=${LF_V2_PKG_TIMEOUT:-1500}
+vm_timeout=${LF_V2_TIMEOUT:-7200}
+pkg_timeout=${LF_V2_PKG_TIMEOUT:-3000}
 # What the guest root carries: CRIU from Debian, what the tests exec (python3 with pip for
 # the SDK test, gcc for a hostile-library test, unshare/timeout/tar), kmod for overlay.
 root_pkgs=criu,python3,python3-pip,gcc,libc6-dev,kmod,iproute2,procps,psmisc,busybox-static
