@@ -168,10 +168,11 @@ if [ -n "${LF_V2_PATCH:-}" ]; then
 	patch -s --forward --batch -p1 -d "$src" <"$LF_V2_PATCH" || { log "LF_V2_PATCH=$LF_V2_PATCH does not apply"; exit 2; }
 	log "applied $LF_V2_PATCH to the snapshot"
 fi
-# The binaries, as make build makes them.
+# The binaries, as make build makes them (its STAGES list).
 mkdir -p "$src/bin"
+stages=$(sed -n 's/^STAGES *:= *//p' "$src/Makefile")
 (cd "$src" && nice -n 10 go build -o bin/lazyfork ./cmd/lazyfork && ln -sf lazyfork bin/lfork &&
-	for s in lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree; do
+	for s in $stages; do
 		[ ! -d "$s" ] || nice -n 10 go build -o "bin/$s" "./$s" || exit 1
 	done) >&2 || { log "building the binaries failed"; exit 1; }
 # One file: the guest unpacks it to tmpfs (copying 8000 files over virtiofs under TCG is slow).
