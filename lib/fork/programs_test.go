@@ -101,7 +101,7 @@ func TestCancelledDumpLeavesSourceRunning(t *testing.T) {
 			t.Fatalf("after a fork cancelled at %v the source is %s", after, st)
 		}
 		n := len(lines(src))
-		testutil.Eventually(t, 10*time.Second, "the source to go on counting", func() bool { return len(lines(src)) > n+2 })
+		testutil.Eventually(t, 20*time.Second, "the source to go on counting", func() bool { return len(lines(src)) > n+2 })
 	}
 	if cancelled == 0 {
 		t.Fatal("no fork was cancelled mid-way: the delays are too long for this machine")

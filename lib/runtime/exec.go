@@ -414,6 +414,10 @@ func (r *Runtime) Exec(ctx context.Context, c *tree.Container, o ExecOptions) (_
 	abort := func(err error) (*ExecResult, error) {
 		_ = cmd.Cancel()
 		_ = cmd.Wait()
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			// The deadline (or the caller) ended it: say so, not what the kill broke.
+			return nil, fail(ctxErr)
+		}
 		return nil, fail(err)
 	}
 	// In the container's cgroup before it does anything: what it runs is accounted to
