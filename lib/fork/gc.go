@@ -167,6 +167,9 @@ func gc(rt *runtime.Runtime, wait time.Duration) error {
 			for _, l := range c.Lower {
 				layers[l] = true
 			}
+		} else if s.Swap {
+			// Its source was deleted since: only the new source's group can be left.
+			errs = append(errs, endGroupNamed(rt, s.Source.ID+"-"+s.ID))
 		}
 		errs = append(errs, RemoveSnapshot(s))
 	}

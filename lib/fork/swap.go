@@ -119,13 +119,7 @@ func recoverSwap(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 	newRoot, newWork := filepath.Join(dir, "rootfs-"+s.ID), filepath.Join(dir, "work-"+s.ID)
 	newCgName, oldCgName := c.ID+"-"+s.ID, c.ID
 	var errs []error
-	endGroup := func(name string) {
-		if cg, err := cgroup.Resolve(name, rt.CgroupParent); err == nil && cgroup.CheckOwned(cg.Paths) == nil {
-			if _, err := os.Stat(cg.FreezerDir()); err == nil {
-				errs = append(errs, cg.Kill(), cg.Remove())
-			}
-		}
-	}
+	endGroup := func(name string) { errs = append(errs, endGroupNamed(rt, name)) }
 	if c.RootFS != newRoot { // not committed: the old processes stay
 		endGroup(newCgName)
 		if fsutil.IsMountPoint(newRoot) {
@@ -155,4 +149,20 @@ func recoverSwap(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 		return fmt.Errorf("recover the swap of %s: %w", displayName(c), err)
 	}
 	return nil
+}
+
+// endGroupNamed kills and removes the project's cgroup called name, if it exists.
+func endGroupNamed(rt *runtime.Runtime, name string) error {
+	r, err := cgroup.Resolve(name, rt.CgroupParent)
+	if err != nil {
+		return nil
+	}
+	if _, err := os.Stat(r.FreezerDir()); err != nil {
+		return nil
+	}
+	cg, err := cgroup.LoadOwned(r.Paths)
+	if err != nil {
+		return nil // not the project's
+	}
+	return errors.Join(cg.Kill(), cg.Remove())
 }

@@ -198,3 +198,34 @@ func TestGCRecoversADeadSwap(t *testing.T) {
 		t.Errorf("GC after a dead swap left:\n before %s\n after  %s", before, after)
 	}
 }
+
+// A swap killed while the new source was being restored, and then its container deleted:
+// GC still removes the new source's group (named after the container and the snapshot).
+func TestGCEndsTheGroupOfADeadSwapOfADeletedContainer(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	src := create(t, rt, "gone", "python3", "-c", counterPy)
+	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 1 })
+	s, err := fork.Dump(ctx, rt, src, fork.DumpOptions{Swap: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the swap had made when its process was killed: the new source's group.
+	cg, err := cgroup.Create(src.ID+"-"+s.ID, rt.CgroupParent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Owner = 1 << 22
+	if err := fork.Save(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Delete(src); err != nil {
+		t.Fatal(err)
+	}
+	if err := fork.GC(rt); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(cg.FreezerDir()); err == nil {
+		t.Errorf("the group %s of the dead swap survived GC", cg.FreezerDir())
+		_ = cg.Remove()
+	}
+}
