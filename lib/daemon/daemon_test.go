@@ -454,23 +454,7 @@ func TestBadInput(t *testing.T) {
 	if err := os.Chmod(filepath.Dir(d.socket), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	self, _ := os.Executable()
-	bin, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	probeDir, err := os.MkdirTemp("", "lfd-probe-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(probeDir)
-	os.Chmod(probeDir, 0o755)
-	if err := os.WriteFile(filepath.Join(probeDir, "probe"), bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	probe := exec.Command(filepath.Join(probeDir, "probe"))
-	probe.Env = []string{"LF_TEST_CONNECT=" + d.socket}
-	probe.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	probe := probeCmd(t, "LF_TEST_CONNECT="+d.socket, &syscall.Credential{Uid: 65534, Gid: 65534})
 	if out, err := probe.CombinedOutput(); probe.ProcessState == nil || probe.ProcessState.ExitCode() != 13 {
 		t.Errorf("user nobody connecting to the socket: %v %s (want permission denied)", err, out)
 	}

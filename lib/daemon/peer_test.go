@@ -85,8 +85,9 @@ func runDaemon(t *testing.T, rt *runtime.Runtime, cfg daemon.Config) *client.Cli
 	return cl
 }
 
-// probeAs runs probeHTTP as cred against socket and returns what it printed.
-func probeAs(t *testing.T, socket string, cred *syscall.Credential) string {
+// probeCmd is this test binary, copied where any user may run it, as cred with env: a
+// client of the daemon that is not root.
+func probeCmd(t *testing.T, env string, cred *syscall.Credential) *exec.Cmd {
 	t.Helper()
 	self, _ := os.Executable()
 	bin, err := os.ReadFile(self)
@@ -103,9 +104,15 @@ func probeAs(t *testing.T, socket string, cred *syscall.Credential) string {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(filepath.Join(dir, "probe"))
-	cmd.Env = []string{"LF_TEST_HTTP=" + socket}
+	cmd.Env = []string{env}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	out, err := cmd.CombinedOutput()
+	return cmd
+}
+
+// probeAs runs probeHTTP as cred against socket and returns what it printed.
+func probeAs(t *testing.T, socket string, cred *syscall.Credential) string {
+	t.Helper()
+	out, err := probeCmd(t, "LF_TEST_HTTP="+socket, cred).CombinedOutput()
 	if err != nil {
 		t.Logf("probe as %d: %v", cred.Uid, err)
 	}
