@@ -9,11 +9,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stagecmd"
@@ -21,16 +23,17 @@ import (
 
 type cli struct {
 	hook.Flags
-	Container string `arg:"" help:"Name, id or unique id prefix of a running container."`
-	Exit      bool   `help:"End the container after the dump (as lazyfork stop does)."`
-	Force     bool   `help:"Dump even if the workload maps jemalloc, mimalloc or tcmalloc."`
+	Container string        `arg:"" help:"Name, id or unique id prefix of a running container."`
+	Exit      bool          `help:"End the container after the dump (as lazyfork stop does)."`
+	Force     bool          `help:"Dump even if the workload maps jemalloc, mimalloc or tcmalloc."`
+	Wait      time.Duration `help:"How long to wait while another operation holds the container (default 5m)." default:"0s"`
 }
 
 func main() {
 	criu.MaybeKdatHelper()
 	var c cli
 	kong.Parse(&c, kong.Name("lf-dump"), kong.Description("Checkpoint a running container (CRIU) and freeze its file system layer; prints snapshot JSON."))
-	stagecmd.Run("lf-dump", func(ctx context.Context) error { return run(c.Flags.Context(ctx), c) })
+	stagecmd.Run("lf-dump", func(ctx context.Context) error { return run(ctx, c) })
 }
 
 func run(ctx context.Context, c cli) error {
@@ -38,11 +41,14 @@ func run(ctx context.Context, c cli) error {
 	if err != nil {
 		return err
 	}
-	ct, err := rt.Tree.Resolve(c.Container)
+	// The container's lock, as the porcelain and the daemon take it: a `lazyfork stop`
+	// of the same container waits for this dump, and this dump for it.
+	ct, unlock, err := guard.Lock(ctx, rt.Tree, c.Container, c.Wait)
 	if err != nil {
 		return err
 	}
-	s, err := fork.Dump(ctx, rt, ct, fork.DumpOptions{Exit: c.Exit, Force: c.Force})
+	defer unlock()
+	s, err := fork.Dump(ctx, rt, ct, fork.DumpOptions{Exit: c.Exit, Force: c.Force, Hook: c.Flags.Options()})
 	if err != nil {
 		return err
 	}

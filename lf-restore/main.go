@@ -35,7 +35,7 @@ func main() {
 	criu.MaybeKdatHelper()
 	var c cli
 	kong.Parse(&c, kong.Name("lf-restore"), kong.Description("Restore a snapshot as N forks; prints one JSON line per fork."))
-	stagecmd.Run("lf-restore", func(ctx context.Context) error { return run(c.Flags.Context(ctx), c) })
+	stagecmd.Run("lf-restore", func(ctx context.Context) error { return run(ctx, c) })
 }
 
 func run(ctx context.Context, c cli) error {
@@ -48,7 +48,7 @@ func run(ctx context.Context, c cli) error {
 		return err
 	}
 	// Lines are printed only once the whole batch stands: a failed batch is undone.
-	forks, err := fork.Restore(ctx, rt, s, fork.RestoreOptions{N: c.N, Names: c.Name, Parallel: c.Parallel, PerForkCriu: c.PerForkCriu,
+	forks, err := fork.Restore(ctx, rt, s, fork.RestoreOptions{N: c.N, Names: c.Name, Parallel: c.Parallel, PerForkCriu: c.PerForkCriu, Hook: c.Flags.Options(),
 		OnFork: func(f stage.Fork) {
 			fmt.Fprintf(os.Stderr, "fork %s running (pid %d, %.0f ms)\n", f.ID, f.Pid, f.RestoreMs)
 		}})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/image"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -26,7 +27,12 @@ func APIError(err error) *client.Error {
 	}
 	msg := err.Error()
 	code, status := client.CodeFailed, http.StatusInternalServerError
+	var se *guard.StateError
 	switch {
+	case errors.As(err, &se):
+		code, status = client.CodeInvalidState, http.StatusConflict
+	case errors.Is(err, guard.ErrBusy):
+		code, status = client.CodeBusy, http.StatusConflict
 	case errors.Is(err, tree.ErrNotFound):
 		code, status = client.CodeNotFound, http.StatusNotFound
 	case errors.Is(err, tree.ErrAmbiguous):

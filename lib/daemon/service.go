@@ -23,6 +23,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/doctor"
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/image"
 	"github.com/lazyfork/lazyfork/lib/paths"
@@ -148,17 +149,16 @@ func (s *Service) Fork(ctx context.Context, ref string, req client.ForkRequest, 
 	if req.HookTimeout < 0 {
 		return nil, badRequest("hook_timeout must not be negative")
 	}
-	c, unlock, err := s.lock(ctx, ref)
+	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	st := s.RT.State(c)
-	run := hook.WithOptions(context.WithoutCancel(ctx), hookOptions(req.HookOptions))
+	run := context.WithoutCancel(ctx)
 	forks, snap, err := fork.Fork(run, s.RT, c, fork.Options{Force: req.Force, Share: req.Share, Copy: req.Copy, HugePages: req.HugePages,
-		RestoreOptions: fork.RestoreOptions{N: n, Names: req.Names, OnFork: onFork, Service: s.restoreService(run)}})
+		RestoreOptions: fork.RestoreOptions{N: n, Names: req.Names, OnFork: onFork, Service: s.restoreService(run), Hook: hookOptions(req.HookOptions)}})
 	if err != nil {
-		return nil, stateError(err, c, st, tree.StateRunning, tree.StateStopped)
+		return nil, err
 	}
 	res := &client.ForkResult{Forks: forks}
 	if snap != nil {
@@ -193,16 +193,14 @@ func (s *Service) Stop(ctx context.Context, ref string, req client.StopRequest) 
 	if req.HookTimeout < 0 {
 		return nil, badRequest("hook_timeout must not be negative")
 	}
-	c, unlock, err := s.lock(ctx, ref)
+	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	st := s.RT.State(c)
-	run := hook.WithOptions(context.WithoutCancel(ctx), hookOptions(req.HookOptions))
-	snap, err := fork.Stop(run, s.RT, c)
+	snap, err := fork.Stop(context.WithoutCancel(ctx), s.RT, c, hookOptions(req.HookOptions))
 	if err != nil {
-		return nil, stateError(err, c, st, tree.StateRunning)
+		return nil, err
 	}
 	s.Events.Publish(client.Event{Type: client.EventStop, ID: c.ID, Name: c.Name, Snapshot: snap.ID})
 	return s.info(c), nil
@@ -210,14 +208,13 @@ func (s *Service) Stop(ctx context.Context, ref string, req client.StopRequest) 
 
 // Start restarts a stopped container from its snapshot.
 func (s *Service) Start(ctx context.Context, ref string) (*client.Info, error) {
-	c, unlock, err := s.lock(ctx, ref)
+	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	st := s.RT.State(c)
 	if err := fork.Start(context.WithoutCancel(ctx), s.RT, c); err != nil {
-		return nil, stateError(err, c, st, tree.StateStopped)
+		return nil, err
 	}
 	s.Events.Publish(client.Event{Type: client.EventStart, ID: c.ID, Name: c.Name})
 	return s.info(c), nil
@@ -225,7 +222,7 @@ func (s *Service) Start(ctx context.Context, ref string) (*client.Info, error) {
 
 // Delete ends ref's processes and removes everything it holds; its forks keep running.
 func (s *Service) Delete(ctx context.Context, ref string) error {
-	c, unlock, err := s.lock(ctx, ref)
+	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
 	if err != nil {
 		return err
 	}
@@ -239,14 +236,13 @@ func (s *Service) Delete(ctx context.Context, ref string) error {
 
 // Freeze pauses every process of ref.
 func (s *Service) Freeze(ctx context.Context, ref string) error {
-	c, unlock, err := s.lock(ctx, ref)
+	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	st := s.RT.State(c)
 	if err := s.RT.Freeze(c); err != nil {
-		return stateError(err, c, st, tree.StateRunning)
+		return err
 	}
 	s.Events.Publish(client.Event{Type: client.EventFreeze, ID: c.ID, Name: c.Name})
 	return nil
@@ -254,14 +250,13 @@ func (s *Service) Freeze(ctx context.Context, ref string) error {
 
 // Thaw resumes a frozen container.
 func (s *Service) Thaw(ctx context.Context, ref string) error {
-	c, unlock, err := s.lock(ctx, ref)
+	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	st := s.RT.State(c)
 	if err := s.RT.Thaw(c); err != nil {
-		return stateError(err, c, st, tree.StateFrozen)
+		return err
 	}
 	s.Events.Publish(client.Event{Type: client.EventThaw, ID: c.ID, Name: c.Name})
 	return nil
@@ -308,10 +303,9 @@ func (s *Service) Exec(ctx context.Context, ref string, req client.ExecRequest) 
 	if err != nil {
 		return nil, err
 	}
-	st := s.RT.State(c)
 	res, err := s.RT.Exec(ctx, c, o)
 	if err != nil {
-		return nil, execError(ctx, err, c, st, req.Timeout)
+		return nil, execError(ctx, err, c, req.Timeout)
 	}
 	return &client.ExecResult{Stdout: res.Stdout, Stderr: res.Stderr, ExitCode: res.ExitCode}, nil
 }
@@ -330,19 +324,18 @@ func (s *Service) ExecStream(ctx context.Context, ref string, req client.ExecReq
 	if o.Stderr == nil {
 		o.Stderr = o.Stdout
 	}
-	st := s.RT.State(c)
 	res, err := s.RT.Exec(ctx, c, o)
 	if err != nil {
-		return -1, execError(ctx, err, c, st, req.Timeout)
+		return -1, execError(ctx, err, c, req.Timeout)
 	}
 	return res.ExitCode, nil
 }
 
-func execError(ctx context.Context, err error, c *tree.Container, st string, timeout float64) error {
+func execError(ctx context.Context, err error, c *tree.Container, timeout float64) error {
 	if errors.Is(err, context.DeadlineExceeded) && timeout > 0 && ctx.Err() == nil {
-		return client.Errorf(http.StatusGatewayTimeout, client.CodeExecTimeout, "exec in %s: the command ran longer than its timeout (%gs) and was killed", display(c), timeout)
+		return client.Errorf(http.StatusGatewayTimeout, client.CodeExecTimeout, "exec in %s: the command ran longer than its timeout (%gs) and was killed", c.Display(), timeout)
 	}
-	return stateError(err, c, st, tree.StateRunning)
+	return err
 }
 
 // Get returns ref's live view.
@@ -529,24 +522,4 @@ func (s *Service) info(c *tree.Container) *client.Info {
 		Depth: in.Depth, Pid: in.Pid, Procs: in.Procs, MemoryBytes: in.MemoryBytes, Image: in.Image,
 		Command: in.Command, Created: in.Created, Hook: c.Hook,
 	}
-}
-
-// stateError gives err the code invalid_state when the container was in a state the
-// operation does not apply to (lib's message says what to do); other errors pass.
-func stateError(err error, c *tree.Container, st string, ok ...string) error {
-	if err == nil || slices.Contains(ok, st) {
-		return err
-	}
-	var ce *client.Error
-	if errors.As(err, &ce) || errors.Is(err, tree.ErrNotFound) {
-		return err
-	}
-	return client.Errorf(http.StatusConflict, client.CodeInvalidState, "%v", err)
-}
-
-func display(c *tree.Container) string {
-	if c.Name != "" {
-		return c.Name
-	}
-	return c.ID
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -245,7 +246,7 @@ func TestStoppedAndStartedKeepsConfinement(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(c) >= 3 })
 	want := procStatus(t, c.Pid)
 	limits := cgroupFile(t, c, "memory", "memory.limit_in_bytes") + " " + cgroupFile(t, c, "pids", "pids.max") + " " + cgroupFile(t, c, "devices", "devices.list")
-	if _, err := fork.Stop(ctx, rt, c); err != nil {
+	if _, err := fork.Stop(ctx, rt, c, hook.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	c, _ = rt.Tree.Get(c.ID)

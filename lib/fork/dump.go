@@ -18,6 +18,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
@@ -41,9 +42,9 @@ var ErrAllocator = errors.New("unsupported allocator")
 type DumpOptions struct {
 	Exit  bool // end the source after the dump (lazyfork stop)
 	Force bool // dump even if an unsupported allocator is mapped
-	// HookForce snapshots anyway when the runtime hook does not answer QUIESCE in time
-	// (default: fail). See lib/hook.
-	HookForce bool
+	// Hook: how long to wait for the runtime hook's answer to QUIESCE, and whether to
+	// snapshot anyway when it does not answer in time (default: fail). See lib/hook.
+	Hook hook.Options
 	// Swap leaves the source frozen after the dump with its upper directory moved (not
 	// copied) to the snapshot's layer, for Swap in lifecycle.go to restore the source from
 	// the snapshot and end the frozen processes, or to undo. The snapshot says whether it
@@ -60,20 +61,14 @@ func kdatDir() string { return criu.DefaultKdatDir() }
 // Dump checkpoints c's whole process tree and freezes its upper layer at the same
 // instant. The source keeps running unless o.Exit.
 func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOptions) (_ *stage.Snapshot, retErr error) {
-	name := displayName(c)
+	name := c.Display()
 	// The record names the processes, cgroup and upper the dump reads: refuse one that
 	// names anything LazyFork did not make (a forged container.json, `lf-tree put`).
 	if err := stage.CheckRecord(c); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
-	switch st := rt.State(c); st {
-	case tree.StateRunning:
-	case tree.StateFrozen:
-		return nil, fmt.Errorf("dump %s: it is frozen by the user; run `lazyfork thaw %s` first", name, name)
-	case tree.StateStopped:
-		return nil, fmt.Errorf("dump %s: it is stopped; its snapshot %s is already restorable (`lazyfork fork %s` or `lazyfork start %s`)", name, c.Snapshot, name, name)
-	default:
-		return nil, fmt.Errorf("dump %s: it is %s; only a running container can be dumped", name, st)
+	if err := guard.Check(guard.OpDump, c, rt.State(c)); err != nil {
+		return nil, err
 	}
 	cg, err := cgroup.LoadOwned(c.Cgroup)
 	if err != nil {
@@ -136,7 +131,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		return nil, err
 	}
 
-	if err := hook.Quiesce(ctx, c, o.HookForce); err != nil {
+	if err := hook.Quiesce(ctx, c, o.Hook); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
 	swap := o.Swap && !o.Exit
@@ -271,11 +266,4 @@ func dirBytes(dir string) int64 {
 		return nil
 	})
 	return n
-}
-
-func displayName(c *tree.Container) string {
-	if c.Name != "" {
-		return c.Name
-	}
-	return c.ID
 }

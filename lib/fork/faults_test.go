@@ -14,6 +14,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -103,7 +104,7 @@ func TestForkBadStates(t *testing.T) {
 	requireUntouched(t, rt, src)
 
 	// A stopped container cannot be dumped again; lf-dump says what to do instead.
-	if _, err := fork.Stop(ctx, rt, src); err != nil {
+	if _, err := fork.Stop(ctx, rt, src, hook.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	src, _ = rt.Tree.Get(src.ID)

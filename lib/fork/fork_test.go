@@ -12,6 +12,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -394,7 +395,7 @@ func TestStopStartAndForkStopped(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	src := create(t, rt, "agent", "python3", "-c", counterPy)
 	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 3 })
-	s, err := fork.Stop(ctx, rt, src)
+	s, err := fork.Stop(ctx, rt, src, hook.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
@@ -94,7 +95,7 @@ func TestGCStopsOnUnreadableRecord(t *testing.T) {
 	}
 
 	// An unreadable snapshot record holds its family and layers the same way.
-	s, err := fork.Stop(ctx, rt, f1)
+	s, err := fork.Stop(ctx, rt, f1, hook.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

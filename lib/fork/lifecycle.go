@@ -7,6 +7,8 @@ import (
 	"os"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/guard"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -35,12 +37,15 @@ type Options struct {
 // is forked straight from the snapshot it was stopped into.
 func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options) ([]stage.Fork, *stage.Snapshot, error) {
 	if err := stage.CheckRecord(c); err != nil {
-		return nil, nil, fmt.Errorf("fork %s: %w", displayName(c), err)
+		return nil, nil, fmt.Errorf("fork %s: %w", c.Display(), err)
+	}
+	if err := guard.Check(guard.OpFork, c, rt.State(c)); err != nil {
+		return nil, nil, err
 	}
 	if c.State == tree.StateStopped {
 		s, err := LoadSnapshot(c.Snapshot)
 		if err != nil {
-			return nil, nil, fmt.Errorf("fork %s: %w", displayName(c), err)
+			return nil, nil, fmt.Errorf("fork %s: %w", c.Display(), err)
 		}
 		forks, err := Restore(ctx, rt, s, o.RestoreOptions)
 		return forks, s, err
@@ -59,7 +64,7 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 	// holds only what it changed. Later forks leave it running (its upper keeps its inode
 	// numbers; overlayfs would report new ones for files copied up after a second move).
 	swap := !o.Copy && !o.Share && c.Family == ""
-	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap})
+	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -92,7 +97,7 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 		}
 		if rerr := resume(ctx, rt, c, s); rerr != nil {
 			keep = true // c stays stopped on s: `lazyfork start` retries
-			return nil, s, fmt.Errorf("fork %s --share: %w (it is stopped; `lazyfork start %s` restarts it)", displayName(c), rerr, displayName(c))
+			return nil, s, fmt.Errorf("fork %s --share: %w (it is stopped; `lazyfork start %s` restarts it)", c.Display(), rerr, c.Display())
 		}
 		s.Owner = os.Getpid()
 		_ = Save(s)
@@ -107,8 +112,11 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 
 // Stop snapshots c and ends its processes. It keeps no process memory (its memory is in
 // the family files), stays forkable, and Start brings it back from the snapshot.
-func Stop(ctx context.Context, rt *runtime.Runtime, c *tree.Container) (*stage.Snapshot, error) {
-	s, err := Dump(ctx, rt, c, DumpOptions{Exit: true})
+func Stop(ctx context.Context, rt *runtime.Runtime, c *tree.Container, h hook.Options) (*stage.Snapshot, error) {
+	if err := guard.Check(guard.OpStop, c, rt.State(c)); err != nil {
+		return nil, err
+	}
+	s, err := Dump(ctx, rt, c, DumpOptions{Exit: true, Hook: h})
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +141,7 @@ func MarkStopped(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 	c.State, c.Snapshot, c.Pid, c.StartTime = tree.StateStopped, s.ID, 0, 0
 	errs = append(errs, rt.Tree.Put(c))
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("stop %s: %w", displayName(c), err)
+		return fmt.Errorf("stop %s: %w", c.Display(), err)
 	}
 	return nil
 }
@@ -141,15 +149,15 @@ func MarkStopped(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 // Start restores a stopped container from its snapshot, in place: same id, name and
 // upper layer.
 func Start(ctx context.Context, rt *runtime.Runtime, c *tree.Container) error {
-	if c.State != tree.StateStopped {
-		return fmt.Errorf("start %s: it is %s, not stopped", displayName(c), rt.State(c))
+	if err := guard.Check(guard.OpStart, c, rt.State(c)); err != nil {
+		return err
 	}
 	if err := stage.CheckRecord(c); err != nil {
-		return fmt.Errorf("start %s: %w", displayName(c), err)
+		return fmt.Errorf("start %s: %w", c.Display(), err)
 	}
 	s, err := LoadSnapshot(c.Snapshot)
 	if err != nil {
-		return fmt.Errorf("start %s: %w", displayName(c), err)
+		return fmt.Errorf("start %s: %w", c.Display(), err)
 	}
 	if err := resume(ctx, rt, c, s); err != nil {
 		return err
@@ -179,7 +187,7 @@ func resume(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stag
 	}()
 	c.Family, c.MemDir = s.Family, s.FamilyDir
 	if err := start(ctx, rt, c, s, c.Upper, nil); err != nil {
-		return fmt.Errorf("start %s: %w", displayName(c), err)
+		return fmt.Errorf("start %s: %w", c.Display(), err)
 	}
 	c.Snapshot = ""
 	return rt.Tree.Put(c)

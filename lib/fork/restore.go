@@ -36,6 +36,9 @@ type RestoreOptions struct {
 	// PerForkCriu starts a criu (swrk) for every fork instead, as before the service: only
 	// to measure the difference.
 	PerForkCriu bool
+	// Hook: the wait for each fork's answer to RESEED, and whether a fork whose runtime
+	// does not answer in time is kept anyway (Fork also uses it for QUIESCE).
+	Hook hook.Options
 }
 
 // Restore makes o.N forks of a memfiled snapshot. Every fork is a new container with its
@@ -122,7 +125,7 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 			if ctx.Err() != nil {
 				return
 			}
-			f, err := restoreOne(ctx, rt, s, svc, forks[i])
+			f, err := restoreOne(ctx, rt, s, svc, forks[i], o.Hook)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -182,12 +185,12 @@ func makeDumpedFamily(s *stage.Snapshot) error {
 
 // restoreOne starts the reserved fork c; the batch deletes it if anything fails. Its
 // restore_ms runs from here (its record was written with the batch's) to running.
-func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc *criu.Service, c *tree.Container) (stage.Fork, error) {
+func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc *criu.Service, c *tree.Container, h hook.Options) (stage.Fork, error) {
 	begin := time.Now()
 	if err := start(ctx, rt, c, s, c.Upper, svc); err != nil {
 		return stage.Fork{}, err
 	}
-	if err := hook.Reseed(ctx, c); err != nil {
+	if err := hook.Reseed(ctx, c, h); err != nil {
 		return stage.Fork{}, fmt.Errorf("fork %s: %w", c.ID, err)
 	}
 	restoreMs := stage.Ms(time.Since(begin))

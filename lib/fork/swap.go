@@ -28,12 +28,12 @@ import (
 // it changes on top of the family's memory files.
 func Swap(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) (retErr error) {
 	if !s.Swap {
-		return fmt.Errorf("swap %s: snapshot %s did not leave the source frozen for a swap", displayName(c), s.ID)
+		return fmt.Errorf("swap %s: snapshot %s did not leave the source frozen for a swap", c.Display(), s.ID)
 	}
 	old := *c
 	oldCg, err := cgroup.LoadOwned(c.Cgroup)
 	if err != nil {
-		return fmt.Errorf("swap %s: %w", displayName(c), err)
+		return fmt.Errorf("swap %s: %w", c.Display(), err)
 	}
 	// The new source gets its own root and work directories: the old overlay still holds
 	// its own (it is the frozen processes' root) until they end.
@@ -74,24 +74,24 @@ func Swap(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.
 	c.Lower, c.RootFS, c.Work = s.Lower, newRoot, newWork
 	c.Family, c.MemDir = s.Family, s.FamilyDir
 	if err := startIn(ctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, nil, false); err != nil {
-		return fmt.Errorf("swap %s: %w", displayName(c), err)
+		return fmt.Errorf("swap %s: %w", c.Display(), err)
 	}
 	// Running, not just restored: the new init is alive a moment later.
 	time.Sleep(10 * time.Millisecond)
 	if !runtime.Alive(c) {
-		return fmt.Errorf("swap %s: the restored source (pid %d) exited at once", displayName(c), c.Pid)
+		return fmt.Errorf("swap %s: the restored source (pid %d) exited at once", c.Display(), c.Pid)
 	}
 	// The record names the new source before the old one goes: a crash from here on
 	// leaves the new source running and the old frozen group for GC.
 	if err := rt.Tree.Put(c); err != nil {
-		return fmt.Errorf("swap %s: %w", displayName(c), err)
+		return fmt.Errorf("swap %s: %w", c.Display(), err)
 	}
 	var errs []error
 	errs = append(errs, oldCg.Kill(), oldCg.Remove(), unix.Unmount(old.RootFS, unix.MNT_DETACH))
 	errs = append(errs, fsutil.RemoveAll(old.Work), os.Remove(old.RootFS))
 	if err := errors.Join(errs...); err != nil {
 		// The new source runs; what is left of the old one is GC's.
-		fmt.Fprintf(os.Stderr, "lazyfork: swap %s: cleaning up the old processes: %v\n", displayName(c), err)
+		fmt.Fprintf(os.Stderr, "lazyfork: swap %s: cleaning up the old processes: %v\n", c.Display(), err)
 	}
 	return nil
 }
@@ -146,7 +146,7 @@ func recoverSwap(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("recover the swap of %s: %w", displayName(c), err)
+		return fmt.Errorf("recover the swap of %s: %w", c.Display(), err)
 	}
 	return nil
 }

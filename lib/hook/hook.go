@@ -61,21 +61,6 @@ type Options struct {
 	Force bool
 }
 
-type ctxKey struct{}
-
-// WithOptions attaches hook options to ctx. The pipeline's entry points (fork.Fork,
-// fork.Stop, fork.Restore) take no hook options of their own; Dump and the restore of each
-// fork read them from here.
-func WithOptions(ctx context.Context, o Options) context.Context {
-	return context.WithValue(ctx, ctxKey{}, o)
-}
-
-// FromContext returns the options attached by WithOptions (zero Options if none).
-func FromContext(ctx context.Context) Options {
-	o, _ := ctx.Value(ctxKey{}).(Options)
-	return o
-}
-
 // ValidatePath checks a hook path given to `lazyfork create --hook`.
 func ValidatePath(p string) error {
 	if p == "" {
@@ -91,15 +76,14 @@ func ValidatePath(p string) error {
 }
 
 // Quiesce tells c's runtime that a snapshot is about to be taken and waits for it to be
-// ready. A container without a hook returns at once. force (or Force in ctx's options)
-// turns "no answer in time" into a go-ahead.
-func Quiesce(ctx context.Context, c *tree.Container, force bool) error {
+// ready. A container without a hook returns at once. o.Force turns "no answer in time"
+// into a go-ahead.
+func Quiesce(ctx context.Context, c *tree.Container, o Options) error {
 	if c.Hook == "" {
 		return nil
 	}
-	o := FromContext(ctx)
 	err := Send(ctx, c.RootFS, c.Hook, "QUIESCE", o.Timeout)
-	if err != nil && errors.Is(err, ErrNoAnswer) && (force || o.Force) {
+	if err != nil && errors.Is(err, ErrNoAnswer) && o.Force {
 		// Best effort: if something is left in the backlog, the dump says so.
 		_ = drainBacklog(c)
 		return nil
@@ -108,11 +92,10 @@ func Quiesce(ctx context.Context, c *tree.Container, force bool) error {
 }
 
 // Reseed tells a new fork its id, so it can reseed random generators and reconnect.
-func Reseed(ctx context.Context, c *tree.Container) error {
+func Reseed(ctx context.Context, c *tree.Container, o Options) error {
 	if c.Hook == "" {
 		return nil
 	}
-	o := FromContext(ctx)
 	err := Send(ctx, c.RootFS, c.Hook, "RESEED "+c.ID, o.Timeout)
 	if err != nil && errors.Is(err, ErrNoAnswer) && o.Force {
 		return nil
@@ -217,7 +200,5 @@ type Flags struct {
 	HookForce   bool          `help:"Go ahead when the runtime hook does not answer in time."`
 }
 
-// Context attaches the flags' options to ctx.
-func (f Flags) Context(ctx context.Context) context.Context {
-	return WithOptions(ctx, Options{Timeout: f.HookTimeout, Force: f.HookForce})
-}
+// Options are the flags as hook options.
+func (f Flags) Options() Options { return Options{Timeout: f.HookTimeout, Force: f.HookForce} }

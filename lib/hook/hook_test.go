@@ -170,8 +170,7 @@ func TestQuiesceNoAnswer(t *testing.T) {
 	c := createWithApp(t, rt, "deaf", map[string]string{"/app/deaf.py": deaf}, "python3", "/app/deaf.py")
 	waitLog(t, c, "listening", regexp.MustCompile(`listening`))
 
-	hctx := hook.WithOptions(ctx, hook.Options{Timeout: 300 * time.Millisecond})
-	_, _, err := fork.Fork(hctx, rt, c, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
+	_, _, err := fork.Fork(ctx, rt, c, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1, Hook: hook.Options{Timeout: 300 * time.Millisecond}}})
 	if !errors.Is(err, hook.ErrNoAnswer) {
 		t.Fatalf("fork of a deaf runtime: got %v, want ErrNoAnswer", err)
 	}
@@ -187,8 +186,7 @@ func TestQuiesceNoAnswer(t *testing.T) {
 	}
 
 	// Forced: the snapshot is taken anyway and the fork runs.
-	fctx := hook.WithOptions(ctx, hook.Options{Timeout: 300 * time.Millisecond, Force: true})
-	forks, _, err := fork.Fork(fctx, rt, c, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
+	forks, _, err := fork.Fork(ctx, rt, c, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1, Hook: hook.Options{Timeout: 300 * time.Millisecond, Force: true}}})
 	if err != nil {
 		t.Fatalf("forced fork: %v", err)
 	}
@@ -206,8 +204,7 @@ func TestQuiesceRefused(t *testing.T) {
 		"Hook(on_quiesce=no).start()\nprint('up', flush=True)\nwhile True: time.sleep(1)\n"
 	c := createWithApp(t, rt, "refuser", map[string]string{"/app/refuser.py": app}, "python3", "/app/refuser.py")
 	waitLog(t, c, "up", regexp.MustCompile(`up`))
-	fctx := hook.WithOptions(ctx, hook.Options{Force: true})
-	_, _, err := fork.Fork(fctx, rt, c, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
+	_, _, err := fork.Fork(ctx, rt, c, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1, Hook: hook.Options{Force: true}}})
 	if !errors.Is(err, hook.ErrRefused) || !strings.Contains(err.Error(), "busy writing a checkpoint") {
 		t.Fatalf("got %v, want ErrRefused with the runtime's reason", err)
 	}

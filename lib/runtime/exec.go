@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/confine"
+	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -332,7 +333,7 @@ func (r *Runtime) Exec(ctx context.Context, c *tree.Container, o ExecOptions) (_
 	if len(o.Args) == 0 || o.Args[0] == "" {
 		return nil, errors.New("exec: no command given: add `-- COMMAND [ARGS...]`")
 	}
-	if err := r.requireRunning(c); err != nil {
+	if err := r.check(guard.OpExec, c); err != nil {
 		return nil, err
 	}
 	if o.Timeout > 0 {
@@ -340,7 +341,7 @@ func (r *Runtime) Exec(ctx context.Context, c *tree.Container, o ExecOptions) (_
 		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
 		defer cancel()
 	}
-	fail := func(err error) error { return fmt.Errorf("exec in %s: %w", displayName(c), err) }
+	fail := func(err error) error { return fmt.Errorf("exec in %s: %w", c.Display(), err) }
 
 	pidfd, err := unix.PidfdOpen(c.Pid, 0)
 	if err != nil {

@@ -28,7 +28,7 @@ func OpenLog(c *tree.Container) (*os.File, error) {
 	if fsutil.IsMountPoint(c.RootFS) {
 		root = c.RootFS
 	}
-	fail := func(err error) (*os.File, error) { return nil, fmt.Errorf("logs of %s: %w", displayName(c), err) }
+	fail := func(err error) (*os.File, error) { return nil, fmt.Errorf("logs of %s: %w", c.Display(), err) }
 	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fail(fmt.Errorf("open its root %s: %w", root, err))

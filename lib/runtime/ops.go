@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
@@ -35,17 +36,9 @@ type ExecResult struct {
 	ExitCode int    `json:"exit_code"`
 }
 
-func (r *Runtime) requireRunning(c *tree.Container) error {
-	switch st := r.State(c); st {
-	case tree.StateRunning:
-		return nil
-	case tree.StateFrozen:
-		return fmt.Errorf("container %s is frozen: run `lazyfork thaw %s` first", displayName(c), displayName(c))
-	case tree.StateStopped:
-		return fmt.Errorf("container %s is stopped: run `lazyfork start %s` first", displayName(c), displayName(c))
-	default:
-		return fmt.Errorf("container %s is %s (its command ended): see `lazyfork attach %s`, or delete it", displayName(c), st, displayName(c))
-	}
+// check refuses op on c unless its live state allows it (lib/guard's state machine).
+func (r *Runtime) check(op guard.Op, c *tree.Container) error {
+	return guard.Check(op, c, r.State(c))
 }
 
 // State is the container's live state, derived from its process and cgroup rather than
@@ -68,7 +61,7 @@ func (r *Runtime) State(c *tree.Container) string {
 
 // Freeze pauses every process of the container.
 func (r *Runtime) Freeze(c *tree.Container) error {
-	if err := r.requireRunning(c); err != nil {
+	if err := r.check(guard.OpFreeze, c); err != nil {
 		return err
 	}
 	cg, err := Cgroup(c)
@@ -76,22 +69,22 @@ func (r *Runtime) Freeze(c *tree.Container) error {
 		err = cg.Freeze()
 	}
 	if err != nil {
-		return fmt.Errorf("freeze %s: %w", displayName(c), err)
+		return fmt.Errorf("freeze %s: %w", c.Display(), err)
 	}
 	return nil
 }
 
 // Thaw resumes a frozen container.
 func (r *Runtime) Thaw(c *tree.Container) error {
-	if st := r.State(c); st != tree.StateFrozen {
-		return fmt.Errorf("thaw %s: it is %s, not frozen", displayName(c), st)
+	if err := r.check(guard.OpThaw, c); err != nil {
+		return err
 	}
 	cg, err := Cgroup(c)
 	if err == nil {
 		err = cg.Thaw()
 	}
 	if err != nil {
-		return fmt.Errorf("thaw %s: %w", displayName(c), err)
+		return fmt.Errorf("thaw %s: %w", c.Display(), err)
 	}
 	return nil
 }
@@ -131,7 +124,7 @@ func (r *Runtime) Delete(c *tree.Container) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("delete %s: %w", displayName(c), err)
+		return fmt.Errorf("delete %s: %w", c.Display(), err)
 	}
 	return nil
 }

@@ -203,7 +203,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		WorkingDir: c.WorkingDir, MemDir: c.MemDir, Confine: prof, OwnNet: c.Net == NetNone,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create %s: %w", displayName(c), err)
+		return nil, fmt.Errorf("create %s: %w", c.Display(), err)
 	}
 	c.Pid = pid
 	c.StartTime, _ = StartTime(pid)
@@ -297,13 +297,6 @@ func (r *Runtime) ReserveN(n int, names []string, fill func(*tree.Container) err
 		return nil, err
 	}
 	return out, nil
-}
-
-func displayName(c *tree.Container) string {
-	if c.Name != "" {
-		return c.Name
-	}
-	return c.ID
 }
 
 func mergeEnv(base, extra []string) []string {

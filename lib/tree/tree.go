@@ -92,6 +92,14 @@ type Container struct {
 	Timings map[string]float64 `json:"timings_ms,omitempty"`
 }
 
+// Display is how messages name the container: its name, or its id when it has none.
+func (c *Container) Display() string {
+	if c.Name != "" {
+		return c.Name
+	}
+	return c.ID
+}
+
 // ConfineProfile is the confinement of the container's processes: the recorded one, or
 // for records written before LazyFork confined containers, what they really run with
 // (privileged, as root).
