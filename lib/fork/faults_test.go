@@ -14,6 +14,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
@@ -110,6 +111,32 @@ func TestForkBadStates(t *testing.T) {
 	src, _ = rt.Tree.Get(src.ID)
 	if _, err := fork.Dump(ctx, rt, src, fork.DumpOptions{}); err == nil || !strings.Contains(err.Error(), "lazyfork start") {
 		t.Errorf("dump of a stopped container: %v", err)
+	}
+	// Every operation the stopped state does not allow is the same typed error.
+	wantState := func(op guard.Op, err error) {
+		t.Helper()
+		var se *guard.StateError
+		if !errors.As(err, &se) || se.Op != op || se.State != tree.StateStopped {
+			t.Errorf("%s of a stopped container: %v, want *guard.StateError{%s, stopped}", op, err, op)
+		}
+	}
+	_, err = fork.Dump(ctx, rt, src, fork.DumpOptions{})
+	wantState(guard.OpDump, err)
+	_, err = fork.Stop(ctx, rt, src, hook.Options{})
+	wantState(guard.OpStop, err)
+	wantState(guard.OpFreeze, rt.Freeze(src))
+	_, err = rt.Exec(ctx, src, runtime.ExecOptions{Args: []string{"true"}})
+	wantState(guard.OpExec, err)
+	if err := fork.Start(ctx, rt, src); err != nil {
+		t.Fatal(err)
+	}
+	src, _ = rt.Tree.Get(src.ID)
+	var se *guard.StateError
+	if err := fork.Start(ctx, rt, src); !errors.As(err, &se) || se.Op != guard.OpStart || se.State != tree.StateRunning {
+		t.Errorf("start of a running container: %v, want *guard.StateError", err)
+	}
+	if err := rt.Thaw(src); !errors.As(err, &se) || se.Op != guard.OpThaw {
+		t.Errorf("thaw of a running container: %v, want *guard.StateError", err)
 	}
 }
 
