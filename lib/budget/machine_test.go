@@ -462,4 +462,3 @@ func (m *machine) checkTree() {
 		m.fatalf("Check: %v", err)
 	}
 }
-
