@@ -1,19 +1,21 @@
 // Command lf-cgroup makes and drives one LazyFork container's cgroup (memory, pids,
-// freezer) and prints it as JSON, so later stages can join, freeze, measure or remove it.
+// freezer) and prints it as a lazyfork.cgroup document, so later stages can join,
+// freeze, measure or remove it.
 package main
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/exitcode"
+	"github.com/lazyfork/lazyfork/lib/stagecmd"
 )
 
 type cli struct {
@@ -27,21 +29,31 @@ type cli struct {
 	Host   hostCmd   `cmd:"" help:"Print where the host's cgroup controllers are."`
 }
 
+// Kinds of the documents lf-cgroup prints.
+const (
+	KindCgroup = "lazyfork.cgroup"       // create, freeze, thaw, kill, remove; the others read it
+	KindStats  = "lazyfork.cgroup-stats" // stats
+	KindProcs  = "lazyfork.cgroup-procs" // procs
+	KindHost   = "lazyfork.cgroup-host"  // host
+)
+
 // doc is the group as printed by create and read back by the other commands.
 type doc struct {
+	stagecmd.Header
 	*cgroup.Cgroup
 	CriuCgroupRoot []string `json:"criu_cgroup_root"` // values for criu restore --cgroup-root
 	FreezerDir     string   `json:"freezer_dir"`      // value for criu dump --freeze-cgroup
 }
 
 func newDoc(c *cgroup.Cgroup) doc {
-	return doc{Cgroup: c, CriuCgroupRoot: c.CriuRootArgs(), FreezerDir: c.FreezerDir()}
+	return doc{Header: stagecmd.H(KindCgroup), Cgroup: c, CriuCgroupRoot: c.CriuRootArgs(), FreezerDir: c.FreezerDir()}
 }
 
-// opCmd is every command on an existing group, named by its JSON (stdin or --in) or by
+// opCmd is every command on an existing group, named by its JSON (a file, or stdin) or by
 // --name [--parent]. freeze, thaw and kill print the group again so they chain in a pipe.
 type opCmd struct {
-	In     string `help:"Read the group JSON from FILE instead of stdin." placeholder:"FILE"`
+	Group  string `arg:"" optional:"" help:"File holding the group JSON (lf-cgroup create's output); - or nothing: stdin." placeholder:"FILE"`
+	In     string `hidden:"" help:"Same as the argument (older scripts)." placeholder:"FILE"`
 	Name   string `help:"Find the group by name (default paths) instead of reading JSON."`
 	Parent string `help:"Parent cgroup path used with --name." env:"LAZYFORK_CGROUP_PARENT"`
 }
@@ -59,19 +71,12 @@ func (t *opCmd) open() (*cgroup.Cgroup, error) {
 		}
 		return cgroup.LoadOwned(c.Paths)
 	}
-	in := os.Stdin
-	if t.In != "" && t.In != "-" {
-		f, err := os.Open(t.In)
-		if err != nil {
-			return nil, err
-		}
-		defer f.Close()
-		in = f
-	}
 	var d doc
-	if err := json.NewDecoder(io.LimitReader(in, 1<<20)).Decode(&d); err != nil || d.Cgroup == nil {
-		return nil, fmt.Errorf("read cgroup JSON: %w (pass the output of `lf-cgroup create`, or --name)",
-			cmp.Or(err, errors.New("no cgroup in it")))
+	if err := stagecmd.ReadDoc(cmp.Or(t.Group, t.In), KindCgroup, "`lf-cgroup create`, or --name", &d); err != nil {
+		return nil, err
+	}
+	if d.Cgroup == nil {
+		return nil, errors.New("read lazyfork.cgroup JSON: no group in it (pass the output of `lf-cgroup create`, or --name)")
 	}
 	return cgroup.LoadOwned(d.Paths)
 }
@@ -86,6 +91,9 @@ func (c *createCmd) Run(w io.Writer) error {
 		return err
 	}
 	g, err := cgroup.Create(c.Name, c.Parent)
+	if errors.Is(err, cgroup.ErrExists) {
+		return exitcode.With(err, exitcode.InvalidState)
+	}
 	if err != nil {
 		return err
 	}
@@ -105,18 +113,26 @@ func (c *opCmd) Run(kctx *kong.Context, w io.Writer) error {
 			return err
 		}
 		out = struct {
+			stagecmd.Header
 			Name string `json:"name"`
 			cgroup.Stats
-		}{g.Name, s}
+		}{stagecmd.H(KindStats), g.Name, s}
 	case "procs":
 		pids, err := g.Procs()
 		if err != nil {
 			return err
 		}
-		out = map[string]any{"name": g.Name, "pids": append([]int{}, pids...)}
+		out = struct {
+			stagecmd.Header
+			Name string `json:"name"`
+			Pids []int  `json:"pids"`
+		}{stagecmd.H(KindProcs), g.Name, append([]int{}, pids...)}
 	case "remove":
 		err = g.Remove()
-		out = map[string]any{"name": g.Name, "paths": g.Paths, "removed": true}
+		out = struct {
+			doc
+			Removed bool `json:"removed"`
+		}{newDoc(g), true}
 	case "freeze":
 		err = g.Freeze()
 	case "thaw":
@@ -137,21 +153,19 @@ func (hostCmd) Run(w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return emit(w, f)
+	return emit(w, struct {
+		stagecmd.Header
+		cgroup.Facts
+	}{stagecmd.H(KindHost), f})
 }
 
 func emit(w io.Writer, v any) error { return json.NewEncoder(w).Encode(v) }
 
 func main() {
 	var c cli
-	ctx := kong.Parse(&c, kong.Name("lf-cgroup"),
-		kong.Description("Create and drive LazyFork container cgroups (JSON on stdout)."),
+	kctx := stagecmd.Parse(&c, "lf-cgroup", "Create and drive LazyFork container cgroups (JSON on stdout).",
+		"lf-cgroup create c1 > cg.json\nlf-cgroup freeze cg.json | lf-cgroup stats\nlf-cgroup kill cg.json | lf-cgroup remove",
 		kong.BindTo(io.Writer(os.Stdout), (*io.Writer)(nil)))
-	if err := ctx.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "lf-cgroup: %s\n", strings.ReplaceAll(err.Error(), "\n", "; "))
-		if errors.Is(err, cgroup.ErrExists) {
-			os.Exit(3)
-		}
-		os.Exit(1)
-	}
+	// Groups live under the cgroup mounts, not the state roots.
+	stagecmd.RunWithoutRoots("lf-cgroup", func(ctx context.Context) error { return kctx.Run() })
 }

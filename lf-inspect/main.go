@@ -10,14 +10,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"text/tabwriter"
-
-	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/memfile"
 	"github.com/lazyfork/lazyfork/lib/paths"
@@ -34,9 +31,13 @@ type cli struct {
 
 func main() {
 	var c cli
-	kong.Parse(&c, kong.Name("lf-inspect"), kong.Description("Explain a checkpoint: each VMA, the memory-file rewrite's decision and why, the page accounting and the memory files. Changes nothing.\n\nExample: lf-dump c1 | lf-memfile | lf-inspect"))
+	stagecmd.Parse(&c, "lf-inspect", "Explain a checkpoint: each VMA, the memory-file rewrite's decision and why, the page accounting and the memory files. Changes nothing.",
+		"lf-dump c1 | lf-inspect              # what lf-memfile is about to do\nlf-dump c1 | lf-memfile | lf-inspect\nlf-inspect --json s0123456789ab | jq .pages")
 	stagecmd.Run("lf-inspect", func(ctx context.Context) error { return run(c) })
 }
+
+// KindInspect is the document --json prints.
+const KindInspect = "lazyfork.inspect"
 
 func run(c cli) error {
 	images, family, err := resolve(c)
@@ -52,11 +53,12 @@ func run(c cli) error {
 		onDisk, _ = memfile.FamilyFiles(family)
 	}
 	if c.JSON {
-		return json.NewEncoder(os.Stdout).Encode(struct {
+		return stagecmd.Print(struct {
+			stagecmd.Header
 			*memfile.Report
 			FamilyDir   string               `json:"family_dir,omitempty"`
 			FamilyFiles []memfile.FileReport `json:"family_files,omitempty"`
-		}{rep, family, onDisk})
+		}{stagecmd.H(KindInspect), rep, family, onDisk})
 	}
 	return printTables(os.Stdout, rep, family, onDisk, c.AllVMAs)
 }

@@ -6,12 +6,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
-
-	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/memfile"
@@ -19,7 +16,7 @@ import (
 )
 
 type cli struct {
-	Snapshot      string `arg:"" optional:"" help:"Snapshot directory or id (default: snapshot JSON on stdin), or a raw CRIU image directory."`
+	Snapshot      string `arg:"" optional:"" help:"Snapshot directory or id, or a raw CRIU image directory; - or nothing: snapshot JSON on stdin."`
 	FamilyDir     string `help:"Raw CRIU image mode: tmpfs directory for the memory files (default: <images>.mem beside it)."`
 	MountPath     string `help:"Raw CRIU image mode: path at which the restored task sees the memory files (default: the family dir itself)."`
 	Force         bool   `help:"Rewrite even if the image maps jemalloc, mimalloc or tcmalloc."`
@@ -32,11 +29,21 @@ type cli struct {
 
 func main() {
 	var c cli
-	kong.Parse(&c, kong.Name("lf-memfile"), kong.Description("Move a CRIU image's memory into tmpfs memory files; prints snapshot JSON.\n\nExample: lf-dump c1 | lf-memfile --explain | lf-restore -n 10"))
+	stagecmd.Parse(&c, "lf-memfile", "Move a CRIU image's memory into tmpfs memory files; prints snapshot JSON.",
+		"lf-dump c1 | lf-memfile --explain | lf-restore -n 10\nlf-dump c1 | lf-memfile --dry-run | jq '.vmas[] | select(.decision != \"keep\")'\nlf-memfile /path/to/criu/images      # raw mode: any CRIU image, rewritten in place")
 	stagecmd.Run("lf-memfile", func(ctx context.Context) error { return run(ctx, c) })
 }
 
+// Kinds of the documents lf-memfile prints besides the snapshot.
+const (
+	KindInspect = "lazyfork.inspect" // --dry-run: lf-inspect's report
+	KindRewrite = "lazyfork.rewrite" // raw mode: what the rewrite did
+)
+
 func run(ctx context.Context, c cli) error {
+	if c.Snapshot == "-" {
+		c.Snapshot = ""
+	}
 	if c.Snapshot != "" && isRawImage(c.Snapshot) {
 		return rewriteRaw(ctx, c)
 	}
@@ -53,7 +60,10 @@ func run(ctx context.Context, c cli) error {
 			rep.Explain(os.Stderr)
 		}
 		if c.DryRun {
-			return json.NewEncoder(os.Stdout).Encode(rep)
+			return stagecmd.Print(struct {
+				stagecmd.Header
+				*memfile.Report
+			}{stagecmd.H(KindInspect), rep})
 		}
 	}
 	s, err = fork.Memfile(ctx, s, fork.MemfileOptions{Force: c.Force, NoFilePrivate: c.NoFilePrivate, Rebase: c.Rebase, HugePages: c.HugePages})
@@ -63,7 +73,7 @@ func run(ctx context.Context, c cli) error {
 	m := s.Memfile
 	fmt.Fprintf(os.Stderr, "memfiled %s: %d files, %d pages moved (%.1f MB in %.0f ms, %.0f MB/s), %d pages left in the image\n",
 		s.ID, m.Files, m.PagesMoved, float64(m.BytesWritten)/1e6, m.Ms, m.MBPerSec, m.PagesKept)
-	return json.NewEncoder(os.Stdout).Encode(s)
+	return stagecmd.Print(s)
 }
 
 // isRawImage reports a CRIU image directory that did not come from lf-dump.
@@ -97,5 +107,8 @@ func rewriteRaw(ctx context.Context, c cli) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "rewrote %s: %d files in %s, %d pages moved, %d left in the image\n", dir, len(res.Files), fam, res.PagesMoved, res.PagesKept)
-	return json.NewEncoder(os.Stdout).Encode(res)
+	return stagecmd.Print(struct {
+		stagecmd.Header
+		*memfile.Result
+	}{stagecmd.H(KindRewrite), res})
 }

@@ -1,23 +1,28 @@
 // Command lf-overlay prepares or tears down one container root file system layer
-// (overlayfs: read-only lower layers, a writable upper) and prints it as JSON.
+// (overlayfs: read-only lower layers, a writable upper) and prints it as a lazyfork.layer
+// document.
 package main
 
 import (
-	"encoding/json"
-	"fmt"
-	"io"
-	"os"
-	"strings"
-
-	"github.com/alecthomas/kong"
+	"cmp"
+	"context"
 
 	"github.com/lazyfork/lazyfork/lib/overlay"
-	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/stagecmd"
 )
+
+// KindLayer is the document prepare prints and teardown reads.
+const KindLayer = "lazyfork.layer"
+
+type layerDoc struct {
+	stagecmd.Header
+	overlay.Layer
+	Removed bool `json:"removed,omitempty"` // teardown: the layer is gone
+}
 
 type cli struct {
 	Prepare  prepareCmd  `cmd:"" help:"Create upper/work/target and mount the overlay; prints the layer."`
-	Teardown teardownCmd `cmd:"" help:"Unmount a layer and remove its upper, work and target (layer JSON on stdin or --in)."`
+	Teardown teardownCmd `cmd:"" help:"Unmount a layer and remove its upper, work and target; prints it with removed: true."`
 }
 
 type prepareCmd struct {
@@ -32,42 +37,29 @@ func (c *prepareCmd) Run() error {
 	if err := overlay.Prepare(l); err != nil {
 		return err
 	}
-	return json.NewEncoder(os.Stdout).Encode(l)
+	return stagecmd.Print(layerDoc{Header: stagecmd.H(KindLayer), Layer: l})
 }
 
 type teardownCmd struct {
-	In string `help:"Read the layer JSON from this file instead of stdin."`
+	Layer string `arg:"" optional:"" help:"File holding the layer JSON; - or nothing: stdin."`
+	In    string `hidden:"" help:"Same as the argument (older scripts)."`
 }
 
 func (c *teardownCmd) Run() error {
-	in := os.Stdin
-	if c.In != "" {
-		f, err := os.Open(c.In)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		in = f
-	}
-	var l overlay.Layer
-	if err := json.NewDecoder(io.LimitReader(in, 1<<20)).Decode(&l); err != nil {
-		return fmt.Errorf("read layer JSON: %w (pass the output of `lf-overlay prepare`)", err)
-	}
-	if err := overlay.Teardown(l); err != nil {
+	var d layerDoc
+	if err := stagecmd.ReadDoc(cmp.Or(c.Layer, c.In), KindLayer, "`lf-overlay prepare`", &d); err != nil {
 		return err
 	}
-	return json.NewEncoder(os.Stdout).Encode(map[string]any{"removed": l})
+	if err := overlay.Teardown(d.Layer); err != nil {
+		return err
+	}
+	d.Header, d.Removed = stagecmd.H(KindLayer), true
+	return stagecmd.Print(d)
 }
 
 func main() {
 	var c cli
-	ctx := kong.Parse(&c, kong.Name("lf-overlay"), kong.Description("Prepare and tear down LazyFork overlay layers."))
-	err := paths.Ensure() // the state roots are root's, 0700, no symlinks: or refuse
-	if err == nil {
-		err = ctx.Run()
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "lf-overlay: %s\n", strings.ReplaceAll(err.Error(), "\n", "; "))
-		os.Exit(1)
-	}
+	kctx := stagecmd.Parse(&c, "lf-overlay", "Prepare and tear down LazyFork overlay layers (JSON on stdout).",
+		"lf-overlay prepare --lower L --upper U --work W --target T > layer.json\nlf-overlay teardown layer.json")
+	stagecmd.Run("lf-overlay", func(ctx context.Context) error { return kctx.Run() })
 }

@@ -1,7 +1,7 @@
 // Command lf-restore restores a snapshot N times concurrently. Each fork is a new
 // container (own namespaces, cgroup, overlay upper, hostname, tree record) mapping the
 // family memory files. It reads snapshot JSON on stdin (or a snapshot directory/id as
-// argument) and prints one JSON line per fork.
+// argument) and prints one lazyfork.fork JSON line per fork.
 package main
 
 import (
@@ -9,8 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-
-	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
@@ -22,19 +20,21 @@ import (
 
 type cli struct {
 	hook.Flags
-	Snapshot string   `arg:"" optional:"" help:"Snapshot directory or id (default: snapshot JSON on stdin)."`
+	Snapshot string   `arg:"" optional:"" help:"Snapshot directory or id; - or nothing: snapshot JSON on stdin."`
 	N        int      `short:"n" default:"1" help:"How many forks."`
 	Name     []string `help:"Name for a fork (repeat for several)."`
 	Parallel int      `help:"Concurrent restores (default: number of CPUs)."`
 	Rm       bool     `help:"Remove the snapshot's image afterwards (memory files and layers stay while forks use them)."`
 	// For comparison (bench/): the restore path LazyFork used before the criu service.
 	PerForkCriu bool `help:"Start a criu (swrk) per fork instead of serving the batch from one criu service (slower)."`
+	Progress    bool `help:"As each fork starts running, write its lazyfork.fork JSON line on stderr (for monitors such as bench/; stdout still gets the whole batch once it stands)."`
 }
 
 func main() {
 	criu.MaybeKdatHelper()
 	var c cli
-	kong.Parse(&c, kong.Name("lf-restore"), kong.Description("Restore a snapshot as N forks; prints one JSON line per fork."))
+	stagecmd.Parse(&c, "lf-restore", "Restore a snapshot as N forks; prints one JSON line per fork.",
+		"lf-dump c1 | lf-memfile | lf-restore -n 10\nlf-restore -n 3 --name a --name b s0123456789ab")
 	stagecmd.Run("lf-restore", func(ctx context.Context) error { return run(ctx, c) })
 }
 
@@ -43,21 +43,29 @@ func run(ctx context.Context, c cli) error {
 	if err != nil {
 		return err
 	}
-	s, err := fork.ReadSnapshotArg(c.Snapshot)
+	arg := c.Snapshot
+	if arg == "-" {
+		arg = ""
+	}
+	s, err := fork.ReadSnapshotArg(arg)
 	if err != nil {
 		return err
 	}
+	progress := json.NewEncoder(os.Stderr)
 	// Lines are printed only once the whole batch stands: a failed batch is undone.
 	forks, err := fork.Restore(ctx, rt, s, fork.RestoreOptions{N: c.N, Names: c.Name, Parallel: c.Parallel, PerForkCriu: c.PerForkCriu, Hook: c.Flags.Options(),
 		OnFork: func(f stage.Fork) {
+			if c.Progress {
+				_ = progress.Encode(f)
+				return
+			}
 			fmt.Fprintf(os.Stderr, "fork %s running (pid %d, %.0f ms)\n", f.ID, f.Pid, f.RestoreMs)
 		}})
 	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(os.Stdout)
 	for _, f := range forks {
-		if err := enc.Encode(f); err != nil {
+		if err := stagecmd.Print(f); err != nil {
 			return err
 		}
 	}

@@ -1,17 +1,17 @@
-// Command lf-tree reads and writes LazyFork's on-disk container tree: one directory per
-// container holding container.json. Output is JSON on stdout.
+// Command lf-tree reads and writes LazyFork's on-disk container store: one directory per
+// container holding container.json. Every record is printed as one lazyfork.container
+// JSON line on stdout.
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-
-	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/stagecmd"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -20,10 +20,22 @@ type cli struct {
 
 	List     listCmd     `cmd:"" help:"Print every record as JSON lines."`
 	Get      getCmd      `cmd:"" help:"Print one record (name, id or unique id prefix)."`
-	Put      putCmd      `cmd:"" help:"Write a record read from stdin (atomically)."`
-	Rm       rmCmd       `cmd:"" help:"Remove a record's directory."`
+	Put      putCmd      `cmd:"" help:"Write a record read from a file or stdin (atomically)."`
+	Rm       rmCmd       `cmd:"" help:"Remove a record's directory; prints the record with removed: true."`
 	Children childrenCmd `cmd:"" help:"Print the records whose parent is the given container."`
 }
+
+// KindContainer is the document of one record.
+const KindContainer = "lazyfork.container"
+
+// record is a container record as printed: the record carries its own version.
+type record struct {
+	Kind string `json:"kind"`
+	*tree.Container
+	Removed bool `json:"removed,omitempty"`
+}
+
+func printRecord(c *tree.Container) error { return stagecmd.Print(record{Kind: KindContainer, Container: c}) }
 
 type listCmd struct{}
 
@@ -32,9 +44,8 @@ func (listCmd) Run(s *tree.Store) error {
 	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(os.Stdout)
 	for _, c := range all {
-		if err := enc.Encode(c); err != nil {
+		if err := printRecord(c); err != nil {
 			return err
 		}
 	}
@@ -50,18 +61,32 @@ func (c getCmd) Run(s *tree.Store) error {
 	if err != nil {
 		return err
 	}
-	return json.NewEncoder(os.Stdout).Encode(ct)
+	return printRecord(ct)
 }
 
-type putCmd struct{}
+type putCmd struct {
+	Record string `arg:"" optional:"" help:"File holding the record (lf-tree get's output); - or nothing: stdin."`
+}
 
-func (putCmd) Run(s *tree.Store) error {
-	var c tree.Container
-	dec := json.NewDecoder(io.LimitReader(os.Stdin, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return fmt.Errorf("read record from stdin: %w", err)
+func (p putCmd) Run(s *tree.Store) error {
+	in, err := stagecmd.Input(p.Record)
+	if err != nil {
+		return err
 	}
+	defer in.Close()
+	var r struct {
+		Kind string `json:"kind"`
+		tree.Container
+	}
+	dec := json.NewDecoder(io.LimitReader(in, stagecmd.MaxDocument))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return fmt.Errorf("read record: %w", err)
+	}
+	if r.Kind != "" && r.Kind != KindContainer {
+		return fmt.Errorf("document of kind %q, want %q: pass the output of `lf-tree get`", r.Kind, KindContainer)
+	}
+	c := r.Container
 	// Later commands kill the record's cgroup and remove its directories: only ones
 	// LazyFork owns may be written.
 	if err := stage.CheckRecord(&c); err != nil {
@@ -70,7 +95,7 @@ func (putCmd) Run(s *tree.Store) error {
 	if err := s.Put(&c); err != nil {
 		return err
 	}
-	return json.NewEncoder(os.Stdout).Encode(c)
+	return printRecord(&c)
 }
 
 type rmCmd struct {
@@ -85,7 +110,7 @@ func (c rmCmd) Run(s *tree.Store) error {
 	if err := s.Remove(ct.ID); err != nil {
 		return err
 	}
-	return json.NewEncoder(os.Stdout).Encode(map[string]string{"removed": ct.ID})
+	return stagecmd.Print(record{Kind: KindContainer, Container: ct, Removed: true})
 }
 
 type childrenCmd struct {
@@ -101,9 +126,8 @@ func (c childrenCmd) Run(s *tree.Store) error {
 	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(os.Stdout)
 	for _, k := range kids {
-		if err := enc.Encode(k); err != nil {
+		if err := printRecord(k); err != nil {
 			return err
 		}
 	}
@@ -112,24 +136,23 @@ func (c childrenCmd) Run(s *tree.Store) error {
 
 func main() {
 	var c cli
-	ctx := kong.Parse(&c, kong.Name("lf-tree"), kong.Description("Read and write LazyFork's container tree."))
-	dir := c.Dir
-	err := paths.Ensure() // the state roots are root's, 0700, no symlinks: or refuse
-	if err == nil && dir == "" {
-		dir = paths.Containers()
-	} else if err == nil {
-		// put and rm write and remove below it: only inside the state roots.
-		dir, err = paths.InState(dir)
-	}
-	var s *tree.Store
-	if err == nil {
-		s, err = tree.Open(dir)
-	}
-	if err == nil {
-		err = ctx.Run(s)
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "lf-tree: %v\n", err)
-		os.Exit(1)
-	}
+	kctx := stagecmd.Parse(&c, "lf-tree", "Read and write LazyFork's container records (JSON lines on stdout).",
+		"lf-tree get c1 | lf-dump -\nlf-tree children c1 | jq -r .id")
+	stagecmd.Run("lf-tree", func(ctx context.Context) error {
+		dir := c.Dir
+		if dir == "" {
+			dir = paths.Containers()
+		} else {
+			// put and rm write and remove below it: only inside the state roots.
+			var err error
+			if dir, err = paths.InState(dir); err != nil {
+				return err
+			}
+		}
+		s, err := tree.Open(dir)
+		if err != nil {
+			return err
+		}
+		return kctx.Run(s)
+	})
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/exitcode"
 )
 
 type createCmd struct {
@@ -244,17 +245,23 @@ func eachContainer(ctx context.Context, g *Globals, refs []string, op func(engin
 	if err != nil {
 		return err
 	}
-	var failed []string
+	// The exit status is the failures' own (lib/exitcode: 3 not found, 4 invalid state,
+	// ...) when they agree, else 1.
+	status := exitcode.OK
 	for _, ref := range refs {
 		if err := op(e, ctx, ref); err != nil {
 			fmt.Fprintf(os.Stderr, "lazyfork: %v\n", err)
-			failed = append(failed, ref)
+			if code := exitcode.Of(err); status == exitcode.OK || status == code {
+				status = code
+			} else {
+				status = exitcode.Failed
+			}
 			continue
 		}
 		fmt.Println(ref)
 	}
-	if len(failed) > 0 {
-		return exitError{1}
+	if status != exitcode.OK {
+		return exitError{status}
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/criu"
+	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 )
@@ -62,6 +63,12 @@ func main() {
 		kong.Description("Fork running Linux containers."),
 		kong.UsageOnError(),
 		kong.BindTo(ctx, (*context.Context)(nil)),
+		kong.Exit(func(code int) {
+			if code == 80 { // kong's status for a usage error: ours is the stages' (lib/exitcode)
+				code = exitcode.Usage
+			}
+			os.Exit(code)
+		}),
 	)
 	err := kctx.Run(&cli.Globals)
 	stop()
@@ -71,7 +78,7 @@ func main() {
 			os.Exit(ee.code)
 		}
 		fmt.Fprintf(os.Stderr, "lazyfork: %v\n", err)
-		os.Exit(1)
+		os.Exit(exitcode.Of(err)) // the stages' statuses: 3 not found, 4 invalid state, ...
 	}
 }
 

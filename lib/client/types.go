@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/stage"
 )
 
@@ -227,6 +228,22 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return e.Message }
+
+// ExitCode is the status the porcelain exits with on this error, the same a stage binary
+// gives the error behind the code (lib/exitcode).
+func (e *Error) ExitCode() int {
+	switch e.Code {
+	case CodeNotFound, CodeImageNotFound:
+		return exitcode.NotFound
+	case CodeInvalidState:
+		return exitcode.InvalidState
+	case CodeBusy:
+		return exitcode.Busy
+	case CodeBadRequest, CodeBadJSON, CodeInvalidName, CodeAmbiguous:
+		return exitcode.Usage
+	}
+	return exitcode.Failed
+}
 
 // Errorf makes an *Error.
 func Errorf(status int, code, format string, args ...any) *Error {

@@ -48,7 +48,7 @@ func LoadSnapshot(ref string) (*stage.Snapshot, error) {
 	f, err := os.Open(filepath.Join(dir, "snapshot.json"))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("%s is not a LazyFork snapshot (no snapshot.json): pass the JSON printed by lf-dump, or a snapshot id", ref)
+			return nil, fmt.Errorf("%s is %w (no snapshot.json): pass the JSON printed by lf-dump, or a snapshot id", ref, stage.ErrNoSnapshot)
 		}
 		return nil, err
 	}

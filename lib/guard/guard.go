@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -72,6 +73,9 @@ func (e *StateError) Error() string {
 	}
 	return msg + "; it must be " + strings.Join(Allowed(e.Op), " or ")
 }
+
+// ExitCode is the status a command exits with on this error.
+func (e *StateError) ExitCode() int { return exitcode.InvalidState }
 
 // Is makes errors.Is(err, ErrInvalidState) true for every *StateError.
 func (e *StateError) Is(target error) bool { return target == ErrInvalidState }

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -17,7 +18,7 @@ import (
 const DefaultWait = 5 * time.Minute
 
 // ErrBusy: the container stayed locked by another operation past the wait.
-var ErrBusy = errors.New("container busy with another operation")
+var ErrBusy = exitcode.Kind{Msg: "container busy with another operation", Code: exitcode.Busy}
 
 // Lock resolves ref and takes the container's own lock: an flock on its directory in the
 // store, so operations that change a container run one at a time per container, across

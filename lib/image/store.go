@@ -27,6 +27,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 )
 
@@ -47,7 +48,7 @@ const (
 )
 
 // ErrNotFound is wrapped by Resolve and Remove when a name is not in the store.
-var ErrNotFound = errors.New("not in the local image store")
+var ErrNotFound = exitcode.NewNotFound("not in the local image store")
 
 // Store is an image store rooted at Dir (normally paths.Images()).
 type Store struct {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -18,6 +19,9 @@ import (
 // stage document is possibly forged (a pipe, a file, an edited snapshot.json), so the
 // library functions check what they are given before touching anything.
 var ErrForged = errors.New("refused stage input")
+
+// ErrNoSnapshot: a stage was pointed at something that holds no snapshot.json.
+var ErrNoSnapshot = exitcode.NewNotFound("not a LazyFork snapshot")
 
 var (
 	snapIDRe      = regexp.MustCompile(`^s[0-9a-f]{12}$`)

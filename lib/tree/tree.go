@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/confine"
+	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 )
 
@@ -33,11 +34,12 @@ const (
 	StateExited   = "exited"  // its processes ended on their own
 )
 
+// Errors of the store; each carries the exit status a command gives it (lib/exitcode).
 var (
-	ErrNotFound  = errors.New("no such container")
-	ErrAmbiguous = errors.New("ambiguous container reference")
+	ErrNotFound  = exitcode.NewNotFound("no such container")
+	ErrAmbiguous = exitcode.Kind{Msg: "ambiguous container reference", Code: exitcode.Usage}
 	ErrNameInUse = errors.New("name already in use")
-	ErrBadName   = errors.New("invalid name")
+	ErrBadName   = exitcode.Kind{Msg: "invalid name", Code: exitcode.Usage}
 )
 
 // Container is one container's record (container.json).
