@@ -35,7 +35,9 @@ type record struct {
 	Removed bool `json:"removed,omitempty"`
 }
 
-func printRecord(c *tree.Container) error { return stagecmd.Print(record{Kind: KindContainer, Container: c}) }
+func printRecord(c *tree.Container) error {
+	return stagecmd.Print(record{Kind: KindContainer, Container: c})
+}
 
 type listCmd struct{}
 
