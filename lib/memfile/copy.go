@@ -91,10 +91,10 @@ func punchHole(fd int, off, size int64) error {
 	return nil
 }
 
-// copyDense copies n bytes of src from off to dst at 0, skipping all-zero pages (the
+// copyDense copies n bytes of src from off to dst at dstOff, skipping all-zero pages (the
 // destination is fresh and sparse). Used for the original bytes of libraries, which
 // live on other file systems than tmpfs (copy_file_range would fail with EXDEV).
-func copyDense(dst, src int, off, n int64) (int64, error) {
+func copyDense(dst, src int, off, n, dstOff int64) (int64, error) {
 	buf := make([]byte, min(n+pageSize, 1<<20))
 	buf = buf[:len(buf)/int(pageSize)*int(pageSize)]
 	var written int64
@@ -110,7 +110,7 @@ func copyDense(dst, src int, off, n int64) (int64, error) {
 		// A short tail page is zero-padded: the file mapping shows zeros past EOF too.
 		full := (int64(got) + pageSize - 1) / pageSize * pageSize
 		clear(buf[got:full])
-		w, err := writePages(context.Background(), dst, buf[:full], done, false)
+		w, err := writePages(context.Background(), dst, buf[:full], dstOff+done, false)
 		written += w
 		if err != nil {
 			return written, err

@@ -83,7 +83,6 @@ func Inspect(opts Options) (*Report, error) {
 		return nil, err
 	}
 	r := &rewriter{opts: opts, set: set, res: &Result{}}
-	defer r.closeFamily()
 	if err := r.plan(); err != nil {
 		return nil, fmt.Errorf("inspect %s: %w", opts.ImagesDir, err)
 	}
@@ -132,11 +131,8 @@ func Inspect(opts Options) (*Report, error) {
 		}
 	}
 	for _, mf := range r.files {
-		planned := mf.dataSize
-		if strings.HasPrefix(mf.kind, "file:") {
-			planned = mf.size // the library's bytes; its dumped pages are written over them
-		}
-		rep.Files = append(rep.Files, FileReport{Name: mf.name, Kind: mf.kind, VMAs: len(mf.vmas), Size: mf.size, Planned: planned})
+		// dataSize counts a library's bytes and the dumped pages written over them.
+		rep.Files = append(rep.Files, FileReport{Name: mf.name, Kind: mf.kind, VMAs: len(mf.vmas), Size: mf.size, Planned: mf.dataSize})
 	}
 	for name := range referred {
 		fr := FileReport{Name: name, Kind: kindOf(tailOf(name)), Exists: true, Referred: true}

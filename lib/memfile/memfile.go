@@ -12,8 +12,9 @@
 //     30,000 mappings needed 20,000 files and as many descriptors), and offsets agree with
 //     addresses on huge-page boundaries;
 //   - optionally, file-backed private VMAs with dumped pages (status exactly 0x41) become
-//     private mappings of a file holding the original file's bytes with the dumped pages
-//     written over them;
+//     private mappings of the same per-process file, holding the original file's bytes
+//     with the dumped pages written over them at the VMA's own address: one file and one
+//     descriptor per process at restore, however many mappings (maps06: 30,000);
 //   - VMAs that already map a family file (an image of a fork) keep their pages in the
 //     image as a delta, or with Options.Rebase get fresh files of base bytes plus delta.
 //
@@ -107,8 +108,11 @@ type File struct {
 	Name     string `json:"name"`      // file name in FamilyDir
 	Size     int64  `json:"size"`      // apparent size
 	Bytes    int64  `json:"bytes"`     // allocated bytes
-	VMAStart uint64 `json:"vma_start"` // start of the VMA that maps it
-	Kind     string `json:"kind"`      // "anon" or "file:<library base name>"
+	VMAStart uint64 `json:"vma_start"` // start of the first VMA that maps it
+	// Kind is "anon": a process's memory file, holding its anonymous memory and the copies
+	// of its file-private mappings, each at its own address ("file:<name>" were per-mapping
+	// files of older rewrites, still recognised in family directories).
+	Kind string `json:"kind"`
 }
 
 // CRIU's VMA status bits (criu/include/image.h) and pagemap flags (pagemap.h).
@@ -203,7 +207,6 @@ func Rewrite(ctx context.Context, opts Options) (res *Result, retErr error) {
 	r := &rewriter{opts: opts, set: set, res: &Result{}}
 	var undo cleanup
 	defer func() {
-		r.closeFamily()
 		if retErr != nil {
 			if err := undo.run(); err != nil {
 				retErr = errors.Join(retErr, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/fdinfo"
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/fown"
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/regfile"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
@@ -25,22 +26,19 @@ type rewriter struct {
 	set     *imageSet
 	res     *Result
 	files   []*memFile
-	family  map[string]*os.File // family files mapped by delta VMAs, by base name
-	renames [][2]string         // temp image -> final image
+	renames [][2]string // temp image -> final image
 }
 
 // memFile is one memory file to create and the data that goes into it.
 type memFile struct {
-	name  string
-	path  string
-	kind  string
-	size  int64
-	t     *task
-	v     *vmaInfo   // the first VMA it holds
-	vmas  []*vmaInfo // every VMA it holds (anonymous memory: all of a process's)
-	f     *os.File
-	id    uint32 // its files.img entry, shared by every VMA that maps it
-	punch bool   // zero pages must punch holes: base bytes lie under them
+	name string
+	path string
+	kind string
+	size int64
+	t    *task
+	v    *vmaInfo   // the first VMA it holds
+	vmas []*vmaInfo // every VMA it holds: all of a process's converted VMAs
+	id   uint32     // its files.img entry, shared by every VMA that maps it
 	// VMAs' offsets (vmaInfo.off) agree with their addresses modulo 2 MiB where memory is
 	// anonymous, so that a huge tmpfs page can be mapped whole (one PMD, no page-table page).
 	hugePages int // 2 MiB stretches collapsed into huge pages
@@ -52,7 +50,6 @@ type memFile struct {
 
 func (r *rewriter) plan() error {
 	multi := len(r.set.tasks) > 1
-	r.family = map[string]*os.File{}
 	for _, t := range r.set.tasks {
 		if err := t.split(r.set.dir); err != nil {
 			return err
@@ -103,13 +100,9 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 		v.reg = fe
 		if base, ok := r.familyBase(fe.GetReg().GetName()); ok {
 			v.family = base
-			f, err := r.openFamily(base)
+			shared, famSize, err := r.scanFamily(base, int64(e.GetPgoff()), length)
 			if err != nil {
 				return err
-			}
-			shared, err := dataPages(f, int64(e.GetPgoff()), length)
-			if err != nil {
-				return fmt.Errorf("scan family file %s: %w", base, err)
 			}
 			r.res.SharedPages += shared
 			r.res.DeltaPages += v.present
@@ -118,24 +111,16 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 				v.why = fmt.Sprintf("already maps family file %s (%d shared pages); its own %d pages stay in the image as a delta", base, shared, v.present)
 				return nil
 			}
-			fst, err := f.Stat()
-			if err != nil {
-				return fmt.Errorf("stat family file %s: %w", base, err)
-			}
-			tail := tailOf(base)
-			size := length
-			if fst.Size() == AnonFileSize {
-				size = AnonFileSize
+			if why := outOfFile(e); why != "" {
+				v.act, v.why = actDelta, why
+				return nil
 			}
 			v.act = actRebase
-			v.why = fmt.Sprintf("maps family file %s; rebased: its %d shared pages and %d delta pages go to a fresh file", base, shared, v.present)
-			var mf *memFile
-			if size == AnonFileSize {
-				mf = r.anonFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start))
-			} else {
-				mf = r.addFile(t, v, fmt.Sprintf("%s%s%x-%s", prefix, who, start, tail), kindOf(tail), size, true)
+			v.why = fmt.Sprintf("maps family file %s; rebased: its %d shared pages and %d delta pages go to the process's memory file", base, shared, v.present)
+			if famSize != AnonFileSize {
+				v.why += " (a per-mapping file of an older rewrite)"
 			}
-			mf.dataSize += shared * pageSize
+			r.procFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start)).dataSize += shared * pageSize
 			return nil
 		}
 		switch {
@@ -147,14 +132,15 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 			v.why = "pages in a parent image"
 		case r.set.remapped[fe.GetId()]:
 			v.why = "the file was unlinked (remapped by CRIU)"
+		default:
+			v.why = outOfFile(e)
 		}
 		if v.why != "" {
 			return nil
 		}
-		lib := safeName(filepath.Base(fe.GetReg().GetName()))
 		v.act = actFile
-		v.why = fmt.Sprintf("copied-on-write pages of %s: a file of its bytes with the %d dumped pages over them", fe.GetReg().GetName(), v.present)
-		r.addFile(t, v, fmt.Sprintf("%s%s%x-%s.mem", prefix, who, start, lib), "file:"+lib, length, true).dataSize += length
+		v.why = fmt.Sprintf("copied-on-write pages of %s: its bytes with the %d dumped pages over them, in the process's memory file at their own address", fe.GetReg().GetName(), v.present)
+		r.procFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start)).dataSize += length
 	case st == statusAnon || st == statusHeap:
 		switch {
 		case e.GetFlags()&^unix.MAP_NORESERVE != anonPrivateFlag:
@@ -165,13 +151,15 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 			v.why = "no dumped pages: restored as empty anonymous memory"
 		case v.missing:
 			v.why = "pages in a parent image"
+		default:
+			v.why = outOfFile(e)
 		}
 		if v.why != "" {
 			return nil
 		}
 		v.act = actAnon
 		v.why = fmt.Sprintf("private anonymous memory: its %d pages move to the process's memory file at their own address", v.present)
-		r.anonFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start))
+		r.procFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start))
 	default:
 		v.why = "kept: " + statusWords(st)
 	}
@@ -181,27 +169,28 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 // hugeAlign is the size of a PMD-mapped huge page (x86-64, arm64 with 4 KiB pages).
 const hugeAlign = 2 << 20
 
-func (r *rewriter) addFile(t *task, v *vmaInfo, name, kind string, size int64, punch bool) *memFile {
-	mf := &memFile{name: name, path: filepath.Join(r.opts.FamilyDir, name), kind: kind, size: size, t: t, v: v, vmas: []*vmaInfo{v}, punch: punch}
-	v.out = mf
+// procFile adds v to its process's memory file (made on first use, named after its first
+// VMA), at the file offset equal to v's address. Every converted VMA of a process, anonymous
+// or a copy of a file mapping, lies in this one file: a process with 30,000 mappings needs
+// one file, and CRIU's restore opens it once for each run of VMAs that map it.
+func (r *rewriter) procFile(t *task, v *vmaInfo, name string) *memFile {
+	v.off = int64(v.e.GetStart())
 	t.changed = true
-	r.files = append(r.files, mf)
-	return mf
+	if t.anon == nil {
+		t.anon = &memFile{name: name, path: filepath.Join(r.opts.FamilyDir, name), kind: "anon", size: AnonFileSize, t: t, v: v}
+		r.files = append(r.files, t.anon)
+	}
+	v.out = t.anon
+	t.anon.vmas = append(t.anon.vmas, v)
+	return t.anon
 }
 
-// anonFile adds v to its process's anonymous memory file (made on first use, named after
-// its first VMA), at the file offset equal to v's address.
-func (r *rewriter) anonFile(t *task, v *vmaInfo, name string) *memFile {
-	v.off = int64(v.e.GetStart())
-	if t.anon == nil {
-		t.anon = r.addFile(t, v, name, "anon", AnonFileSize, false)
-	} else {
-		v.out = t.anon
-		t.anon.vmas = append(t.anon.vmas, v)
+// outOfFile says why a VMA cannot lie in a memory file at its own address ("" if it can).
+func outOfFile(e *vma.VmaEntry) string {
+	if e.GetEnd() > uint64(AnonFileSize) {
+		return fmt.Sprintf("ends at %#x, past the %#x bytes of a memory file", e.GetEnd(), AnonFileSize)
 	}
-	// Rebased VMAs bring base bytes: a zero page over them must punch a hole.
-	t.anon.punch = t.anon.punch || v.act == actRebase
-	return t.anon
+	return ""
 }
 
 // familyBase reports whether an image file name is a family file under MountPath.
@@ -213,28 +202,31 @@ func (r *rewriter) familyBase(name string) (string, bool) {
 	return base, true
 }
 
+// openFamily opens a family file read-only; the caller closes it (no descriptor is held
+// per file across the rewrite).
 func (r *rewriter) openFamily(base string) (*os.File, error) {
-	if f := r.family[base]; f != nil {
-		return f, nil
-	}
-	f, err := os.OpenFile(filepath.Join(r.opts.FamilyDir, base), os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	f, err := os.OpenFile(filepath.Join(r.opts.FamilyDir, base), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open family file %s (mapped as %s/%s): %w", filepath.Join(r.opts.FamilyDir, base), r.opts.MountPath, base, err)
 	}
-	r.family[base] = f
 	return f, nil
 }
 
-func (r *rewriter) closeFamily() {
-	for _, f := range r.family {
-		f.Close()
+// scanFamily counts the data pages of a family file in [off, off+n) and reports its size.
+func (r *rewriter) scanFamily(base string, off, n int64) (pages, size int64, err error) {
+	f, err := r.openFamily(base)
+	if err != nil {
+		return 0, 0, err
 	}
-	for _, mf := range r.files {
-		if mf.f != nil {
-			mf.f.Close()
-			mf.f = nil
-		}
+	defer f.Close()
+	if pages, err = dataPages(f, off, n); err != nil {
+		return 0, 0, fmt.Errorf("scan family file %s: %w", base, err)
 	}
+	st, err := f.Stat()
+	if err != nil {
+		return 0, 0, fmt.Errorf("stat family file %s: %w", base, err)
+	}
+	return pages, st.Size(), nil
 }
 
 // createFiles creates every memory file (O_EXCL) at its apparent size.
@@ -244,7 +236,6 @@ func (r *rewriter) createFiles(undo *cleanup) error {
 		if err != nil {
 			return fmt.Errorf("create memory file: %w", err)
 		}
-		mf.f = f
 		path := mf.path
 		undo.push(func() error {
 			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -252,7 +243,12 @@ func (r *rewriter) createFiles(undo *cleanup) error {
 			}
 			return nil
 		})
-		if err := f.Truncate(mf.size); err != nil {
+		err = f.Truncate(mf.size)
+		// Closed at once: fill reopens one file per worker (never a descriptor per file).
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+		if err != nil {
 			return fmt.Errorf("size memory file %s: %w", mf.name, err)
 		}
 	}
@@ -345,20 +341,21 @@ func mapPages(dir string, id uint32) ([]byte, error) {
 }
 
 func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error {
-	fd := int(mf.f.Fd())
+	f, err := os.OpenFile(mf.path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open memory file %s: %w", mf.name, err)
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	// Base bytes first (a library's, or a family file's for rebased VMAs), then the dumped
+	// pages over them.
 	for _, v := range mf.vmas {
 		var err error
 		switch v.act {
 		case actFile:
-			err = r.copyLibrary(mf)
+			err = r.copyLibrary(fd, mf, v)
 		case actRebase:
-			var n int64
-			base := r.family[v.family]
-			n, err = copyExtents(fd, int(base.Fd()), int64(v.e.GetPgoff()), int64(v.e.GetEnd()-v.e.GetStart()), v.off)
-			mf.written += n
-			if err != nil {
-				err = fmt.Errorf("copy family file %s into %s: %w", v.family, mf.name, err)
-			}
+			err = r.copyFamily(fd, mf, v)
 		}
 		if err != nil {
 			return err
@@ -368,15 +365,19 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 		v := mf.t.vmas[p.vma]
 		dst := v.off + int64(p.vaddr-v.e.GetStart())
 		src := pages[p.src : p.src+p.n*pageSize]
-		n, err := writePages(ctx, fd, src, dst, mf.punch)
+		// A zero page over base bytes must punch a hole; over anonymous memory the file
+		// is a hole already.
+		n, err := writePages(ctx, fd, src, dst, v.act != actAnon)
 		mf.written += n
 		if err != nil {
 			return fmt.Errorf("write memory file %s: %w", mf.name, err)
 		}
 	}
-	if r.opts.HugePages && mf.size == AnonFileSize {
+	if r.opts.HugePages {
 		for _, v := range mf.vmas {
-			mf.hugePages += collapseDense(fd, v.off, int64(v.e.GetEnd()-v.e.GetStart()))
+			if v.act != actFile {
+				mf.hugePages += collapseDense(fd, v.off, int64(v.e.GetEnd()-v.e.GetStart()))
+			}
 		}
 	}
 	var st unix.Stat_t
@@ -387,11 +388,26 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 	return nil
 }
 
-// copyLibrary fills a file-backed VMA's memory file with the original file's bytes for
-// [pgoff, pgoff+len), read inside RootFS so that the container's symlinks cannot
-// point it at host files.
-func (r *rewriter) copyLibrary(mf *memFile) error {
-	reg := mf.v.reg.GetReg()
+// copyFamily copies the data a rebased VMA maps from its family file to its place in mf.
+func (r *rewriter) copyFamily(fd int, mf *memFile, v *vmaInfo) error {
+	base, err := r.openFamily(v.family)
+	if err != nil {
+		return err
+	}
+	defer base.Close()
+	n, err := copyExtents(fd, int(base.Fd()), int64(v.e.GetPgoff()), int64(v.e.GetEnd()-v.e.GetStart()), v.off)
+	mf.written += n
+	if err != nil {
+		return fmt.Errorf("copy family file %s into %s: %w", v.family, mf.name, err)
+	}
+	return nil
+}
+
+// copyLibrary writes the original file's bytes for a file-backed VMA's [pgoff, pgoff+len)
+// at v.off in mf, read inside RootFS so that the container's symlinks cannot point it at
+// host files.
+func (r *rewriter) copyLibrary(dst int, mf *memFile, v *vmaInfo) error {
+	reg := v.reg.GetReg()
 	root, err := os.OpenFile(r.opts.RootFS, os.O_RDONLY|unix.O_DIRECTORY|unix.O_PATH, 0)
 	if err != nil {
 		return fmt.Errorf("open root %s: %w", r.opts.RootFS, err)
@@ -415,12 +431,12 @@ func (r *rewriter) copyLibrary(mf *memFile) error {
 	if reg.Size != nil && int64(reg.GetSize()) != st.Size {
 		return fmt.Errorf("copy %s: size %d, was %d at dump time", reg.GetName(), st.Size, reg.GetSize())
 	}
-	off := int64(mf.v.e.GetPgoff())
-	n := min(mf.size, st.Size-off)
+	off := int64(v.e.GetPgoff())
+	n := min(int64(v.e.GetEnd()-v.e.GetStart()), st.Size-off)
 	if n <= 0 {
 		return nil
 	}
-	w, err := copyDense(int(mf.f.Fd()), fd, off, n)
+	w, err := copyDense(dst, fd, off, n, v.off)
 	mf.written += w
 	if err != nil {
 		return fmt.Errorf("copy %s into %s: %w", reg.GetName(), mf.name, err)
@@ -689,22 +705,4 @@ func kindOf(tail string) string {
 		return "anon"
 	}
 	return "file:" + strings.TrimSuffix(tail, ".mem")
-}
-
-// safeName keeps a library's base name readable in a file name and /proc/PID/maps.
-func safeName(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '+' || c == '-'
-		if !ok {
-			b[i] = '_'
-		}
-	}
-	if len(b) > 200 {
-		b = b[:200]
-	}
-	if len(b) == 0 || string(b) == "." || string(b) == ".." {
-		return "file"
-	}
-	return string(b)
 }

@@ -209,11 +209,10 @@ func TestRewriteSynthetic(t *testing.T) {
 	if res.VMAsConverted != 4 || res.FileVMAsConverted != 1 || res.PagesMoved != 9 || res.PagesKept != 4 {
 		t.Errorf("result %+v", res)
 	}
-	// One anonymous memory file per process, whatever its number of mappings.
+	// One memory file per process, whatever its number of mappings, anonymous or not.
 	want := map[string]string{
-		"p-1-10000000-anon.mem":      "anon",
-		"p-1-10010000-libfoo.so.mem": "file:libfoo.so",
-		"p-2-10000000-anon.mem":      "anon",
+		"p-1-10000000-anon.mem": "anon",
+		"p-2-10000000-anon.mem": "anon",
 	}
 	if len(res.Files) != len(want) {
 		t.Fatalf("files %+v", res.Files)
@@ -223,7 +222,7 @@ func TestRewriteSynthetic(t *testing.T) {
 			t.Errorf("unexpected file %+v", f)
 		}
 	}
-	if strings.Join(res.References, ",") != "p-1-10000000-anon.mem,p-1-10010000-libfoo.so.mem,p-2-10000000-anon.mem" {
+	if strings.Join(res.References, ",") != "p-1-10000000-anon.mem,p-2-10000000-anon.mem" {
 		t.Errorf("references %v", res.References)
 	}
 	fp := func(name string) string { return filepath.Join(family, name) }
@@ -236,18 +235,16 @@ func TestRewriteSynthetic(t *testing.T) {
 	if !bytes.Equal(readPage(t, fp("p-1-10000000-anon.mem"), at+4), page('b')) || !bytes.Equal(readPage(t, fp("p-1-10000000-anon.mem"), at+5), page('c')) {
 		t.Error("heap content in the process's anonymous memory file")
 	}
-	// Library bytes from pgoff, dumped pages over them, a dumped zero page punched.
-	libf := fp("p-1-10010000-libfoo.so.mem")
+	// Library bytes from pgoff, dumped pages over them, a dumped zero page punched, at the
+	// VMA's own address (page 16) in the same file.
+	libf := fp("p-1-10000000-anon.mem")
 	for i, wantPage := range [][]byte{page('M'), page('D'), page(0), page('P')} {
-		if got := readPage(t, libf, uint64(i)); !bytes.Equal(got, wantPage) {
-			t.Errorf("library file page %d = %q..., want %q...", i, got[:4], wantPage[:4])
+		if got := readPage(t, libf, at+16+uint64(i)); !bytes.Equal(got, wantPage) {
+			t.Errorf("library page %d = %q..., want %q...", i, got[:4], wantPage[:4])
 		}
 	}
-	if !isHole(t, libf, 2) {
-		t.Error("zero page over library bytes was not punched")
-	}
-	if st, _ := os.Stat(libf); st.Size() != int64(4*ps) {
-		t.Errorf("library file size %d", st.Size())
+	if !isHole(t, libf, at+18) || !isHole(t, libf, at+20) {
+		t.Error("zero page over library bytes was not punched, or bytes past the VMA were copied")
 	}
 	if st, _ := os.Stat(fp("p-2-10000000-anon.mem")); st.Size() != AnonFileSize {
 		t.Errorf("anon file size %d", st.Size())
@@ -264,11 +261,9 @@ func TestRewriteSynthetic(t *testing.T) {
 			continue
 		}
 		fe := files[uint32(v.GetShmid())]
-		wantPgoff := v.GetStart() // anonymous memory: file offset = address
-		if i == 4 {
-			wantPgoff = 0 // the library's memory file
-		}
-		if v.GetStatus() != statusFilePriv || v.GetPgoff() != wantPgoff || v.GetFdflags() != 0 || v.Fdflags == nil || fe == nil {
+		wantPgoff := v.GetStart() // file offset = address, the library's copy too
+		if v.GetStatus() != statusFilePriv || v.GetPgoff() != wantPgoff || v.GetFdflags() != 0 || v.Fdflags == nil || fe == nil ||
+			v.GetShmid() != vmas[0].GetShmid() {
 			t.Errorf("VMA %d: %v", i, v)
 			continue
 		}
