@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/pagemap"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,7 +36,7 @@ type VMAReport struct {
 	Status   string `json:"status"`   // CRIU's status bits in words
 	Maps     string `json:"maps"`     // the file it maps, if any (in-container path)
 	Pages    int64  `json:"pages"`    // its pages with data in the checkpoint
-	Decision string `json:"decision"` // move, convert-file, delta, rebase, keep
+	Decision string `json:"decision"` // move, convert-file, share, delta, rebase, keep
 	File     string `json:"file,omitempty"`
 	Why      string `json:"why"`
 }
@@ -49,6 +50,9 @@ type PageReport struct {
 	NotInImage     int64 `json:"not_in_image"`  // pagemap pages without data here (zero, parent, lazy)
 	SharedFamily   int64 `json:"shared_family"` // family pages the delta VMAs map
 	Delta          int64 `json:"delta"`
+	// CowShared: pages a process shares copy-on-write with its parent, read from the
+	// parent's memory file (decision "share"), not stored again.
+	CowShared int64 `json:"cow_shared"`
 }
 
 // FileReport is one memory file: on disk (Exists) or planned.
@@ -83,20 +87,24 @@ func Inspect(opts Options) (*Report, error) {
 		return nil, err
 	}
 	r := &rewriter{opts: opts, set: set, res: &Result{}}
+	defer r.release()
 	if err := r.plan(); err != nil {
 		return nil, fmt.Errorf("inspect %s: %w", opts.ImagesDir, err)
 	}
 	rep := &Report{Dir: opts.ImagesDir, Tasks: len(set.tasks)}
 	rep.Pages.ToMemoryFiles, rep.Pages.StayInImage = r.res.PagesMoved, r.res.PagesKept
 	rep.Pages.SharedFamily, rep.Pages.Delta = r.res.SharedPages, r.res.DeltaPages
+	rep.Pages.CowShared = r.res.CowSharedPages
 	referred := map[string]bool{}
 	for _, t := range set.tasks {
 		rep.Pages.PagemapEntries += int64(len(t.pmImg.Entries) - 1)
-		for _, p := range t.pieces {
-			if p.src >= 0 {
-				rep.Pages.InImage += p.n
+		// Counted from the pagemap: the plan may have dropped pages shared with a parent.
+		for _, ent := range t.pmImg.Entries[1:] {
+			pe := ent.Message.(*pagemap.PagemapEntry)
+			if present(pe) {
+				rep.Pages.InImage += int64(pagesIn(pe))
 			} else {
-				rep.Pages.NotInImage += p.n
+				rep.Pages.NotInImage += int64(pagesIn(pe))
 			}
 		}
 		for _, v := range t.vmas {
@@ -117,6 +125,8 @@ func Inspect(opts Options) (*Report, error) {
 				vr.Decision = "delta"
 				rep.Rewritten = true
 				referred[v.family] = true
+			case actShare:
+				vr.Decision = "share"
 			case actRebase:
 				vr.Decision = "rebase"
 				rep.Rewritten = true

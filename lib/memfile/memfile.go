@@ -97,6 +97,9 @@ type Result struct {
 	// and old: the files that must outlive the snapshot.
 	References   []string `json:"references"`
 	BytesWritten int64    `json:"bytes_written"` // bytes written into memory files
+	// CowSharedPages counts pages a process shared copy-on-write with its parent, left to
+	// its parent's memory file instead of being stored again (cow.go).
+	CowSharedPages int64 `json:"cow_shared_pages"`
 	// HugePages counts 2 MiB stretches of anonymous memory made huge pages (see huge.go).
 	HugePages int           `json:"huge_pages"`
 	Duration  time.Duration `json:"duration_ns"`
@@ -140,6 +143,7 @@ const (
 	actFile          // file-backed private VMA -> library bytes + dumped pages
 	actDelta         // maps a family file already: leave alone
 	actRebase        // maps a family file: fresh file of base bytes + delta
+	actShare         // anonymous, maps its parent's new memory file + the differing pages (cow.go)
 )
 
 // imageSet is one image directory, loaded once (no caches outside it).
@@ -154,6 +158,7 @@ type imageSet struct {
 
 type task struct {
 	pid      uint32
+	ppid     uint32
 	mmName   string
 	mmImg    *crit.CriuImage
 	mm       *mm.MmEntry
@@ -185,6 +190,7 @@ type piece struct {
 	n     int64
 	src   int64 // offset in the pages image, -1 if the pages have no data there
 	vma   int   // index in task.vmas, -1 if outside every VMA
+	zero  bool  // src is -1 but the image must hold zero pages here (cow.go)
 	entry *pagemap.PagemapEntry
 }
 
@@ -207,6 +213,7 @@ func Rewrite(ctx context.Context, opts Options) (res *Result, retErr error) {
 	r := &rewriter{opts: opts, set: set, res: &Result{}}
 	var undo cleanup
 	defer func() {
+		r.release()
 		if retErr != nil {
 			if err := undo.run(); err != nil {
 				retErr = errors.Join(retErr, err)
@@ -303,8 +310,9 @@ func loadSet(dir string) (*imageSet, error) {
 		}
 	}
 	for _, e := range pst.Entries {
-		pid := e.Message.(*pstree.PstreeEntry).GetPid()
-		t := &task{pid: pid, mmName: fmt.Sprintf("mm-%d.img", pid), pmName: fmt.Sprintf("pagemap-%d.img", pid)}
+		pe := e.Message.(*pstree.PstreeEntry)
+		pid := pe.GetPid()
+		t := &task{pid: pid, ppid: pe.GetPpid(), mmName: fmt.Sprintf("mm-%d.img", pid), pmName: fmt.Sprintf("pagemap-%d.img", pid)}
 		if _, err := os.Stat(filepath.Join(dir, t.mmName)); errors.Is(err, os.ErrNotExist) {
 			continue // a zombie has no memory
 		}

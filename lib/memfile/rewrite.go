@@ -26,7 +26,8 @@ type rewriter struct {
 	set     *imageSet
 	res     *Result
 	files   []*memFile
-	renames [][2]string // temp image -> final image
+	renames [][2]string      // temp image -> final image
+	maps    map[*task][]byte // pages images mapped read-only (pagesOf)
 }
 
 // memFile is one memory file to create and the data that goes into it.
@@ -50,6 +51,7 @@ type memFile struct {
 
 func (r *rewriter) plan() error {
 	multi := len(r.set.tasks) > 1
+	byPid := map[uint32]*task{}
 	for _, t := range r.set.tasks {
 		if err := t.split(r.set.dir); err != nil {
 			return err
@@ -59,9 +61,18 @@ func (r *rewriter) plan() error {
 				return err
 			}
 		}
+		if err := r.share(t, byPid[t.ppid]); err != nil {
+			return err
+		}
+		byPid[t.pid] = t
+		for _, v := range t.vmas {
+			if v.act == actAnon && v.out == nil {
+				r.procFile(t, v, multi)
+			}
+		}
 		for _, p := range t.pieces {
 			var out *memFile
-			if p.vma >= 0 {
+			if p.vma >= 0 && t.vmas[p.vma].act != actShare {
 				out = t.vmas[p.vma].out
 			}
 			if out != nil {
@@ -70,7 +81,7 @@ func (r *rewriter) plan() error {
 				r.res.PagesMoved += p.n
 				continue
 			}
-			if p.src >= 0 {
+			if p.src >= 0 || p.zero {
 				r.res.PagesKept += p.n
 				t.keptData += p.n * pageSize
 			}
@@ -81,15 +92,7 @@ func (r *rewriter) plan() error {
 
 func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 	e := v.e
-	start, length := e.GetStart(), int64(e.GetEnd()-e.GetStart())
-	var who string
-	if multi {
-		who = fmt.Sprintf("%d-", t.pid)
-	}
-	prefix := ""
-	if r.opts.Prefix != "" {
-		prefix = r.opts.Prefix + "-"
-	}
+	length := int64(e.GetEnd() - e.GetStart())
 	switch st := e.GetStatus(); {
 	case st == statusFilePriv:
 		fe := r.set.fileByID[uint32(e.GetShmid())]
@@ -120,7 +123,7 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 			if famSize != AnonFileSize {
 				v.why += " (a per-mapping file of an older rewrite)"
 			}
-			r.procFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start)).dataSize += shared * pageSize
+			r.procFile(t, v, multi).dataSize += shared * pageSize
 			return nil
 		}
 		switch {
@@ -140,7 +143,7 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 		}
 		v.act = actFile
 		v.why = fmt.Sprintf("copied-on-write pages of %s: its bytes with the %d dumped pages over them, in the process's memory file at their own address", fe.GetReg().GetName(), v.present)
-		r.procFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start)).dataSize += length
+		r.procFile(t, v, multi).dataSize += length
 	case st == statusAnon || st == statusHeap:
 		switch {
 		case e.GetFlags()&^unix.MAP_NORESERVE != anonPrivateFlag:
@@ -158,8 +161,8 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 			return nil
 		}
 		v.act = actAnon
+		// Its file is chosen by plan: its parent's (share) or its own (procFile).
 		v.why = fmt.Sprintf("private anonymous memory: its %d pages move to the process's memory file at their own address", v.present)
-		r.procFile(t, v, fmt.Sprintf("%s%s%x-anon.mem", prefix, who, start))
 	default:
 		v.why = "kept: " + statusWords(st)
 	}
@@ -173,15 +176,27 @@ const hugeAlign = 2 << 20
 // VMA), at the file offset equal to v's address. Every converted VMA of a process, anonymous
 // or a copy of a file mapping, lies in this one file: a process with 30,000 mappings needs
 // one file, and CRIU's restore opens it once for each run of VMAs that map it.
-func (r *rewriter) procFile(t *task, v *vmaInfo, name string) *memFile {
+func (r *rewriter) procFile(t *task, v *vmaInfo, multi bool) *memFile {
 	v.off = int64(v.e.GetStart())
 	t.changed = true
 	if t.anon == nil {
-		t.anon = &memFile{name: name, path: filepath.Join(r.opts.FamilyDir, name), kind: "anon", size: AnonFileSize, t: t, v: v}
+		t.anon = &memFile{kind: "anon", size: AnonFileSize, t: t, v: v}
 		r.files = append(r.files, t.anon)
 	}
 	v.out = t.anon
 	t.anon.vmas = append(t.anon.vmas, v)
+	// Named after its lowest VMA: [<prefix>-][<pid>-]<start>-anon.mem.
+	if v.e.GetStart() <= t.anon.v.e.GetStart() {
+		t.anon.v = v
+		name := fmt.Sprintf("%x-anon.mem", v.e.GetStart())
+		if multi {
+			name = fmt.Sprintf("%d-%s", t.pid, name)
+		}
+		if r.opts.Prefix != "" {
+			name = r.opts.Prefix + "-" + name
+		}
+		t.anon.name, t.anon.path = name, filepath.Join(r.opts.FamilyDir, name)
+	}
 	return t.anon
 }
 
@@ -259,22 +274,15 @@ func (r *rewriter) createFiles(undo *cleanup) error {
 // Writes to one tmpfs file serialize on its inode lock, so files are the unit of work.
 func (r *rewriter) fill(ctx context.Context) error {
 	maps := map[*task][]byte{}
-	defer func() {
-		for _, m := range maps {
-			unix.Munmap(m)
-		}
-	}()
 	for _, t := range r.set.tasks {
 		if !t.changed {
 			continue
 		}
-		m, err := mapPages(r.set.dir, t.pagesID)
+		m, err := r.pagesOf(t)
 		if err != nil {
 			return err
 		}
-		if m != nil {
-			maps[t] = m
-		}
+		maps[t] = m
 	}
 	order := append([]*memFile(nil), r.files...)
 	sort.SliceStable(order, func(i, j int) bool { return order[i].dataSize > order[j].dataSize })
@@ -313,6 +321,16 @@ func (r *rewriter) fill(ctx context.Context) error {
 		r.res.HugePages += mf.hugePages
 	}
 	return nil
+}
+
+// release unmaps the pages images.
+func (r *rewriter) release() {
+	for _, m := range r.maps {
+		if m != nil {
+			unix.Munmap(m)
+		}
+	}
+	r.maps = nil
 }
 
 func mapPages(dir string, id uint32) ([]byte, error) {
@@ -461,15 +479,19 @@ func (r *rewriter) writeImages(ctx context.Context, undo *cleanup) error {
 		head := t.pmImg.Entries[0]
 		pm := &crit.CriuImage{Magic: "PAGEMAP", Entries: []*crit.CriuEntry{head}}
 		for _, p := range t.pieces {
-			if p.vma >= 0 && t.vmas[p.vma].out != nil {
+			if p.vma >= 0 && t.vmas[p.vma].out != nil && t.vmas[p.vma].act != actShare {
 				continue
 			}
 			pe, err := newPagemapEntry(p.vaddr, p.n)
 			if err != nil {
 				return fmt.Errorf("rewrite %s: %w", t.pmName, err)
 			}
-			pe.InParent = p.entry.InParent
-			pe.Flags = p.entry.Flags
+			if p.zero {
+				pe.Flags = proto.Uint32(pePresent)
+			} else {
+				pe.InParent = p.entry.InParent
+				pe.Flags = p.entry.Flags
+			}
 			pm.Entries = append(pm.Entries, &crit.CriuEntry{Message: pe})
 		}
 		if err := r.store(t.pmName, pm, undo); err != nil {
@@ -576,7 +598,17 @@ func (r *rewriter) writePagesImage(t *task, undo *cleanup) error {
 		return nil
 	}
 	for _, p := range t.pieces {
-		if p.src < 0 || (p.vma >= 0 && t.vmas[p.vma].out != nil) {
+		if p.zero {
+			if err := flush(); err != nil {
+				return err
+			}
+			if err := writeZeros(int(dst.Fd()), out, p.n*pageSize); err != nil {
+				return fmt.Errorf("write zero pages into %s: %w", name, err)
+			}
+			out += p.n * pageSize
+			continue
+		}
+		if p.src < 0 || (p.vma >= 0 && t.vmas[p.vma].out != nil && t.vmas[p.vma].act != actShare) {
 			continue
 		}
 		if run.n > 0 && run.src+run.n == p.src {
@@ -672,6 +704,20 @@ func (r *rewriter) finish() (retErr error) {
 	}
 	return nil
 }
+
+// writeZeros writes n zero bytes at off (pages a child must not take from its parent's file).
+func writeZeros(fd int, off, n int64) error {
+	for n > 0 {
+		c := min(n, int64(len(zeroChunk)))
+		if err := pwriteAll(fd, zeroChunk[:c], off); err != nil {
+			return err
+		}
+		off, n = off+c, n-c
+	}
+	return nil
+}
+
+var zeroChunk = make([]byte, 64<<10)
 
 func removeIfExists(path string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {

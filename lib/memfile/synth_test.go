@@ -35,6 +35,7 @@ func page(b byte) []byte { return bytes.Repeat([]byte{b}, int(pageSize)) }
 
 type synthTask struct {
 	pid   uint32
+	ppid  uint32
 	vmas  []*vma.VmaEntry
 	pm    []*pagemap.PagemapEntry
 	pages []byte
@@ -73,7 +74,7 @@ func writeSynth(t *testing.T, dir string, files []*crit.CriuEntry, tasks ...synt
 	put("inventory.img", &crit.CriuImage{Magic: "INVENTORY", Entries: []*crit.CriuEntry{{Message: &inventory.InventoryEntry{ImgVersion: proto.Uint32(2)}}}})
 	var pst []*crit.CriuEntry
 	for _, tk := range tasks {
-		pst = append(pst, &crit.CriuEntry{Message: &pstree.PstreeEntry{Pid: proto.Uint32(tk.pid), Ppid: proto.Uint32(0), Pgid: proto.Uint32(1), Sid: proto.Uint32(1)}})
+		pst = append(pst, &crit.CriuEntry{Message: &pstree.PstreeEntry{Pid: proto.Uint32(tk.pid), Ppid: proto.Uint32(tk.ppid), Pgid: proto.Uint32(1), Sid: proto.Uint32(1)}})
 		m := &mm.MmEntry{
 			MmStartCode: proto.Uint64(0), MmEndCode: proto.Uint64(0), MmStartData: proto.Uint64(0), MmEndData: proto.Uint64(0),
 			MmStartStack: proto.Uint64(0), MmStartBrk: proto.Uint64(0), MmBrk: proto.Uint64(0), MmArgStart: proto.Uint64(0),

@@ -1,0 +1,279 @@
+package memfile
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/pagemap"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
+)
+
+// A child's anonymous VMA whose pages mostly equal its parent's maps the parent's memory
+// file; only the differing pages stay in its image, with a zero page where the parent has
+// data and the child none. A child that wrote most of its pages keeps its own file.
+func TestShareWithParentSynthetic(t *testing.T) {
+	img, family := t.TempDir(), shmDir(t)
+	heap := func() []*vma.VmaEntry {
+		return []*vma.VmaEntry{vmaE(0, 16, statusAnon, anonPrivateFlag, 0, 0), vmaE(32, 40, statusAnon, anonPrivateFlag, 0, 0)}
+	}
+	// Parent: pages 0-9 'a'..'j', page 10 a dumped zero page; 32-39 'p'..'w'.
+	parent := synthTask{pid: 1, vmas: heap(), pm: []*pagemap.PagemapEntry{pmE(0, 11), pmE(32, 8)}}
+	for i := 0; i < 10; i++ {
+		parent.pages = append(parent.pages, page(byte('a'+i))...)
+	}
+	parent.pages = append(parent.pages, page(0)...)
+	for i := 0; i < 8; i++ {
+		parent.pages = append(parent.pages, page(byte('p'+i))...)
+	}
+	// Child 2: pages 0-9 as the parent but 5 = 'X', no page 9 (it must read zero), a zero
+	// page at 10 (the parent's is zero too); 32-39: wrote them all ('0'+i).
+	child := synthTask{pid: 2, ppid: 1, vmas: heap(), pm: []*pagemap.PagemapEntry{pmE(0, 9), pmE(10, 1), pmE(32, 8)}}
+	for i := 0; i < 9; i++ {
+		b := byte('a' + i)
+		if i == 5 {
+			b = 'X'
+		}
+		child.pages = append(child.pages, page(b)...)
+	}
+	child.pages = append(child.pages, page(0)...)
+	for i := 0; i < 8; i++ {
+		child.pages = append(child.pages, page(byte('0'+i))...)
+	}
+	writeSynth(t, img, nil, parent, child)
+
+	rep, err := Inspect(Options{ImagesDir: img, FamilyDir: family})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var decisions []string
+	for _, v := range rep.VMAs {
+		decisions = append(decisions, v.Decision)
+	}
+	if strings.Join(decisions, ",") != "move,move,share,move" || rep.Pages.CowShared != 8 || rep.Pages.InImage != 19+18 {
+		t.Fatalf("inspect: decisions %v, pages %+v", decisions, rep.Pages)
+	}
+
+	res, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, Prefix: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.CowSharedPages != 8 || len(res.Files) != 2 {
+		t.Fatalf("result %+v", res)
+	}
+	vmas := loadMM(t, img, 2)
+	pv := loadMM(t, img, 1)
+	if vmas[0].GetShmid() != pv[0].GetShmid() || vmas[0].GetPgoff() != vmas[0].GetStart() || vmas[0].GetStatus() != statusFilePriv {
+		t.Errorf("child heap VMA %v does not map the parent's file %v", vmas[0], pv[0])
+	}
+	if vmas[1].GetShmid() == pv[1].GetShmid() {
+		t.Errorf("a child VMA that differs on every page must keep its own file")
+	}
+	// The child's image: page 5 ('X') and page 9 (zero, the parent has 'j'); nothing else
+	// of the shared VMA.
+	pm := loadPM(t, img, 2)
+	if len(pm) != 2 || pm[0].GetVaddr() != base+5*ps || pm[0].GetNrPages() != 1 || pm[1].GetVaddr() != base+9*ps || pm[1].GetNrPages() != 1 ||
+		pm[1].GetFlags()&pePresent == 0 {
+		t.Fatalf("child pagemap %v", pm)
+	}
+	pages, _ := os.ReadFile(filepath.Join(img, "pages-2.img"))
+	if !bytes.Equal(pages, append(page('X'), page(0)...)) {
+		t.Errorf("child pages image holds %d bytes, want page X and a zero page", len(pages))
+	}
+	// The child's file holds only its own second VMA.
+	for _, f := range res.Files {
+		if strings.HasPrefix(f.Name, "p-2-") && f.VMAStart != base+32*ps {
+			t.Errorf("child file %+v", f)
+		}
+	}
+}
+
+// prefork is a pre-forking server: a master with a 64 MiB heap forks 4 workers that only
+// read it, but worker 0 writes one page. Each process reports status-<pid> on SIGUSR1:
+// the heap's checksum and address.
+const prefork = `
+import ctypes, hashlib, json, os, signal, sys, time
+status_dir, workers = sys.argv[1], int(sys.argv[2])
+buf = bytearray(64 << 20)
+pat = bytes(range(1, 256)) * 17
+for off in range(0, 64 << 20, 4096):
+    buf[off:off + 4096] = pat[:4096]
+addr = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+def report(*a):
+    me = os.readlink('/proc/self')
+    doc = {"sum": hashlib.sha256(buf).hexdigest(), "pid": int(me), "addr": addr}
+    tmp = os.path.join(status_dir, '.tmp-' + me)
+    with open(tmp, 'w') as f:
+        json.dump(doc, f)
+    os.rename(tmp, os.path.join(status_dir, 'status-' + me))
+for i in range(workers):
+    if os.fork() == 0:
+        if i == 0:
+            buf[0:4096] = b'w' * 4096
+        break
+signal.signal(signal.SIGUSR1, report)
+report()
+while True:
+    time.sleep(0.05)
+`
+
+type preforkStatus struct {
+	Sum  string `json:"sum"`
+	PID  int    `json:"pid"`
+	Addr uint64 `json:"addr"`
+}
+
+func (l *lab) preforkStatus(pid int) preforkStatus {
+	l.t.Helper()
+	os.Remove(filepath.Join(l.status, fmt.Sprintf("status-%d", pid)))
+	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
+		l.t.Fatalf("signal %d: %v", pid, err)
+	}
+	l.waitStatus(pid)
+	var s preforkStatus
+	b, err := os.ReadFile(filepath.Join(l.status, fmt.Sprintf("status-%d", pid)))
+	if err != nil || json.Unmarshal(b, &s) != nil {
+		l.t.Fatalf("status of %d: %v %s", pid, err, b)
+	}
+	return s
+}
+
+// children lists the children of pid.
+func children(pid int) []int {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		c, _ := strconv.Atoi(f)
+		out = append(out, c)
+	}
+	return out
+}
+
+// pfn reads the page frame of addr in pid from /proc/PID/pagemap (as root), 0 if absent.
+func pfn(t *testing.T, pid int, addr uint64) uint64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var b [8]byte
+	if _, err := f.ReadAt(b[:], int64(addr/uint64(pageSize)*8)); err != nil {
+		t.Fatal(err)
+	}
+	e := binary.LittleEndian.Uint64(b[:])
+	if e&(1<<63) == 0 {
+		return 0
+	}
+	return e & (1<<55 - 1)
+}
+
+// A pre-forking server's heap, shared copy-on-write by the master and 4 workers, is stored
+// once in the memory files, and in the restored copy the workers read the master's pages
+// (same frames in /proc/PID/pagemap, as in the source).
+func TestPreforkSharesOnce(t *testing.T) {
+	requirePriv(t)
+	const workers = 4
+	l := newLab(t)
+	script := filepath.Join(l.base, "prefork.py")
+	if err := os.WriteFile(script, []byte(prefork), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("unshare", "--pid", "--fork", "setsid", "python3", script, l.status, strconv.Itoa(workers))
+	cmd.Dir = l.base
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	master := childOf(t, cmd.Process.Pid)
+	l.track(master)
+	var kids []int
+	for deadline := time.Now().Add(20 * time.Second); len(kids) < workers && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		kids = children(master)
+	}
+	if len(kids) != workers {
+		t.Fatalf("%d workers started", len(kids))
+	}
+	want := map[int]string{}
+	for _, p := range append([]int{master}, kids...) {
+		l.track(p)
+		want[p] = l.preforkStatus(p).Sum
+	}
+	dumped := l.dump(master, "img")
+	res, err := Rewrite(context.Background(), Options{ImagesDir: dumped, FamilyDir: l.family, MountPath: l.family, ConvertFilePrivate: true, Prefix: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bytes int64
+	for _, f := range res.Files {
+		bytes += f.Bytes
+	}
+	t.Logf("rewrite of master + %d workers: %d memory files, %.1f MiB allocated, %d pages shared with a parent (%.1f MiB not stored again), %d pages kept in the image",
+		workers, len(res.Files), float64(bytes)/(1<<20), res.CowSharedPages, float64(res.CowSharedPages*pageSize)/(1<<20), res.PagesKept)
+	if res.CowSharedPages < workers*(60<<20)/pageSize {
+		t.Errorf("%d pages shared, want the workers' 64 MiB heaps (%d pages)", res.CowSharedPages, workers*(64<<20)/pageSize)
+	}
+	if bytes > 2*(64<<20) {
+		t.Errorf("memory files allocate %d bytes for one 64 MiB heap", bytes)
+	}
+
+	rmaster, err := l.restore(dumped, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rkids := children(rmaster)
+	if len(rkids) != workers {
+		t.Fatalf("restored master has %d workers", len(rkids))
+	}
+	ms := l.preforkStatus(rmaster)
+	if ms.Sum != want[master] {
+		t.Errorf("restored master's heap differs")
+	}
+	sums := map[string]int{}
+	for _, w := range rkids {
+		l.track(w)
+		s := l.preforkStatus(w)
+		sums[s.Sum]++
+		// The third page was never written by any worker (worker 0 wrote 4 KiB from the
+		// unaligned start): the master's frame.
+		if a, b := pfn(t, rmaster, s.Addr+2*uint64(pageSize)), pfn(t, w, s.Addr+2*uint64(pageSize)); a == 0 || a != b {
+			t.Errorf("worker %d (sum %.8s, master %.8s): heap page frame %#x, master's %#x: not shared; maps:\n%s", w, s.Sum, ms.Sum, b, a, mapsAround(w, s.Addr))
+		}
+	}
+	var wrote string
+	for p, s := range want {
+		if p != master && s != want[master] {
+			wrote = s
+		}
+	}
+	if wrote == "" || sums[wrote] != 1 || sums[want[master]] != workers-1 {
+		t.Errorf("restored workers' heaps: %v; want one with worker 0's write and %d with the master's", sums, workers-1)
+	}
+	var anon int64
+	for _, p := range append([]int{rmaster}, rkids...) {
+		anon += rollup(t, p)["Anonymous"]
+	}
+	t.Logf("restored master + %d workers: %d kB of private memory in all", workers, anon)
+}
+
+func mapsAround(pid int, addr uint64) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		var lo, hi uint64
+		if _, err := fmt.Sscanf(line, "%x-%x", &lo, &hi); err == nil && hi > addr-(1<<24) && lo < addr+(1<<27) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
+}
