@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v8/rpc"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -135,6 +136,10 @@ type RestoreOptions struct {
 	NetworkLock NetworkLock
 	// TCPEstablished restores established TCP connections dumped with it.
 	TCPEstablished bool
+	// EmptyNetNS gives the tree a new, empty network namespace instead of the dumped
+	// one's interfaces and addresses (--empty-ns net): the caller configures it on the
+	// setup-namespaces notification, before sockets are restored into it.
+	EmptyNetNS bool
 	// ExternalMounts maps the keys declared at dump time to host paths
 	// (e.g. "lfmem" -> "/dev/shm/lazyfork/families/f1").
 	ExternalMounts map[string]string
@@ -229,6 +234,9 @@ func (o *RestoreOptions) criuOpts(imagesFd, workFd int, yard string) (*rpc.CriuO
 	}
 	if o.Root != "" {
 		opts.Root = proto.String(o.Root)
+	}
+	if o.EmptyNetNS {
+		opts.EmptyNs = proto.Uint32(unix.CLONE_NEWNET)
 	}
 	if yard != "" {
 		opts.CgroupYard = proto.String(yard)

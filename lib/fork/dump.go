@@ -106,6 +106,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		Layer:       filepath.Join(LayersDir(), id),
 		Image:       c.Image, Command: c.Command, Env: c.Env, WorkingDir: c.WorkingDir, Hook: c.Hook,
 		Confine: c.Confine, Memory: c.Memory, PidsLimit: c.PidsLimit, Net: c.Net,
+		Bridge: c.Bridge, Addr: c.Addr, NAT: c.NAT,
 	}
 	if s.Family == "" {
 		s.Family = id // a root container's first generation of forks starts a family
@@ -173,7 +174,9 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		NetworkLock: criu.NetworkLockSkip,
 		// In a namespace of its own (--net none) both ends of every TCP connection are in
 		// the container: each fork gets the pair, connected, in its own namespace.
-		TCPEstablished: c.Net == runtime.NetNone,
+		// Bridge mode too: forks close their copies of connections that leave the
+		// namespace (lib/network.CloseInherited); the source keeps them.
+		TCPEstablished: c.Net == runtime.NetNone || c.Net == runtime.NetBridge,
 		Timeout:        DumpTimeout,
 		KdatDir:        kdatDir(),
 		Notify: func(script string, _ int) error {

@@ -3,6 +3,7 @@ package fork
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -15,6 +16,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/hook"
+	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
@@ -91,6 +93,15 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 		}
 		defer svc.Close()
 	}
+	// Bridge mode: each fork gets an address of the source's subnet on its bridge.
+	var alloc func() (string, error)
+	if s.Net == runtime.NetBridge {
+		subnet, err := netip.ParsePrefix(s.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("restore %s: bridge mode without an address (%q)", s.ID, s.Addr)
+		}
+		alloc = rt.AddressAllocator(subnet.Masked())
+	}
 	// One reservation for the whole batch: the names are checked against the store once.
 	forks, err := rt.ReserveN(o.N, o.Names, func(c *tree.Container) error {
 		c.Image, c.Command, c.Env, c.WorkingDir, c.Hook = s.Image, s.Command, s.Env, s.WorkingDir, s.Hook
@@ -98,6 +109,12 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 		c.Parent, c.Depth = s.Source.ID, s.Source.Depth+1
 		c.Lower = s.Lower
 		c.Family, c.MemDir = s.Family, s.FamilyDir
+		if alloc != nil {
+			c.Bridge, c.NAT = s.Bridge, s.NAT
+			var err error
+			c.Addr, err = alloc()
+			return err
+		}
 		return nil
 	})
 	if err != nil {
@@ -233,6 +250,12 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 	}
 	work := filepath.Join(paths.Run(), "work", c.ID)
 	defer fsutil.RemoveAll(work)
+	// A fork (not the source restored in place) inherits sockets bound to its parent's
+	// address; see network.Attachment.
+	parentAddr := ""
+	if c.Net == runtime.NetBridge && s.Addr != "" && s.Addr != c.Addr {
+		parentAddr = s.Addr
+	}
 	res, err := criu.Restore(ctx, criu.RestoreOptions{
 		ImagesDir:      s.ImagesDir,
 		WorkDir:        work,
@@ -240,16 +263,34 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 		CgroupRoots:    cg.CriuRootArgs(),
 		ExternalMounts: map[string]string{memKey: s.FamilyDir},
 		NetworkLock:    criu.NetworkLockSkip, // see Dump
-		TCPEstablished: s.Net == runtime.NetNone,
+		TCPEstablished: s.Net == runtime.NetNone || s.Net == runtime.NetBridge,
+		// Bridge mode: the namespace is made here, with the fork's own address, before
+		// CRIU restores sockets into it (setup-namespaces below).
+		EmptyNetNS: s.Net == runtime.NetBridge,
 		Timeout:        RestoreTimeout,
 		KdatDir:        kdatDir(),
 		JoinCgroup:     cg.ProcsFiles(),
 		Service:        svc,
 		Notify: func(script string, pid int) error {
-			// CRIU restores the source's UTS namespace; rename it before the tasks resume
-			// so the workload never sees its parent's hostname.
-			if script == "post-restore" && pid > 0 && rename {
-				return setHostname(pid, c.Hostname)
+			if pid <= 0 {
+				return nil
+			}
+			switch script {
+			case "setup-namespaces":
+				return runtime.AttachNetwork(pid, c, parentAddr)
+			case "post-restore":
+				if parentAddr != "" {
+					// Copies of the parent's connections to the outside would speak
+					// with the parent's address: closed before the fork runs.
+					if err := network.CloseInherited(pid, parentAddr); err != nil {
+						return err
+					}
+				}
+				// CRIU restores the source's UTS namespace; rename it before the tasks
+				// resume so the workload never sees its parent's hostname.
+				if rename {
+					return setHostname(pid, c.Hostname)
+				}
 			}
 			return nil
 		},

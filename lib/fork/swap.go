@@ -51,6 +51,9 @@ func Swap(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.
 		errs = append(errs, fsutil.RemoveAll(newRoot), fsutil.RemoveAll(newWork))
 		*c = old
 		_ = fsutil.RemoveAll(c.Upper) // the new, empty upper
+		// Bridge mode: the new source's namespace took the veth (same name, same
+		// address); the old namespace gets one again.
+		errs = append(errs, runtime.AttachNetwork(c.Pid, c, ""))
 		errs = append(errs, os.Rename(s.Layer, c.Upper), oldCg.Thaw(), rt.Tree.Put(c))
 		undone = true
 		return errors.Join(errs...)
@@ -129,6 +132,9 @@ func recoverSwap(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 		if _, err := os.Stat(s.Layer); err == nil {
 			// The upper was moved; whatever stands in its place is the new source's, empty.
 			errs = append(errs, fsutil.RemoveAll(c.Upper), os.Rename(s.Layer, c.Upper))
+		}
+		if runtime.Alive(c) {
+			errs = append(errs, runtime.AttachNetwork(c.Pid, c, "")) // see Swap's undo
 		}
 		if cg, err := cgroup.LoadOwned(c.Cgroup); err == nil {
 			errs = append(errs, cg.Thaw())

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"time"
@@ -123,6 +124,11 @@ func (r *Runtime) Delete(c *tree.Container) error {
 			errs = append(errs, err)
 		}
 	}
+	// After the record: the address is free once no record holds it, and the bridge
+	// goes with its last container.
+	if err := r.releaseNetwork(c); err != nil {
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("delete %s: %w", c.Display(), err)
 	}
@@ -143,12 +149,25 @@ type Info struct {
 	Image       string    `json:"image"`
 	Command     []string  `json:"command"`
 	Created     time.Time `json:"created"`
+	// Net is the network mode (none, bridge, host); Address the container's IPv4 address
+	// in bridge mode, with Bridge and NAT.
+	Net     string `json:"net"`
+	Address string `json:"address,omitempty"`
+	Bridge  string `json:"bridge,omitempty"`
+	NAT     bool   `json:"nat,omitempty"`
 }
 
 // Inspect builds the live view of one container.
 func (r *Runtime) Inspect(c *tree.Container) Info {
 	in := Info{ID: c.ID, Name: c.Name, State: r.State(c), Parent: c.Parent, Depth: c.Depth,
-		Image: c.Image, Command: c.Command, Created: c.Created}
+		Image: c.Image, Command: c.Command, Created: c.Created,
+		Net: c.Net, Bridge: c.Bridge, NAT: c.NAT}
+	if in.Net == "" {
+		in.Net = NetHost // a record from before network namespaces
+	}
+	if p, err := netip.ParsePrefix(c.Addr); err == nil {
+		in.Address = p.Addr().String()
+	}
 	if in.State == tree.StateRunning || in.State == tree.StateFrozen {
 		in.Pid = c.Pid
 	}

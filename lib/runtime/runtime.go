@@ -22,6 +22,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/confine"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/image"
+	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -35,6 +36,9 @@ type Runtime struct {
 	CgroupParent string // "" = under the caller's own cgroup
 	// Exe is the binary re-executed as the container set-up helper (default: this one).
 	Exe string
+	// Network is where bridge-mode containers are attached; zero fields mean
+	// LAZYFORK_BRIDGE and LAZYFORK_SUBNET, else the defaults (lib/network).
+	Network network.Config
 }
 
 // Open opens the default stores under paths.Root().
@@ -47,7 +51,7 @@ func Open() (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{Tree: t, Images: im, CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT")}, nil
+	return &Runtime{Tree: t, Images: im, CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT"), Network: network.FromEnv()}, nil
 }
 
 // CreateOptions are the user's choices for a new container.
@@ -67,15 +71,20 @@ type CreateOptions struct {
 	// Memory (bytes) and PidsLimit cap the container's cgroup; 0 means no limit.
 	Memory    int64
 	PidsLimit int64
-	// Net is the network mode: NetNone (default: a namespace of its own, loopback only)
-	// or NetHost (the host's network, as containers had before).
+	// Net is the network mode: NetNone (default: a namespace of its own, loopback only),
+	// NetBridge (a namespace of its own with an address on the LazyFork bridge) or NetHost
+	// (the host's network, as containers had before).
 	Net string
+	// NAT masquerades a bridge-mode container's traffic to the host's other networks
+	// (off by default: it reaches the host and the other bridge-mode containers only).
+	NAT bool
 }
 
 // Network modes.
 const (
-	NetNone = "none"
-	NetHost = "host"
+	NetNone   = "none"
+	NetBridge = "bridge"
+	NetHost   = "host"
 )
 
 // NetMode checks a --net value ("" means the default, none).
@@ -83,10 +92,10 @@ func NetMode(s string) (string, error) {
 	switch s {
 	case "", NetNone:
 		return NetNone, nil
-	case NetHost:
-		return NetHost, nil
+	case NetHost, NetBridge:
+		return s, nil
 	}
-	return "", fmt.Errorf("network mode %q: use none (a network namespace of its own, loopback only) or host", s)
+	return "", fmt.Errorf("network mode %q: use none (a network namespace of its own, loopback only), bridge (plus an address on the LazyFork bridge) or host", s)
 }
 
 // MemDir is where a root container's (empty) /.lazyfork/mem lives on the host.
@@ -132,6 +141,17 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 	if err != nil {
 		return nil, err
 	}
+	var alloc func() (string, error)
+	netCfg := r.Network.WithDefaults()
+	if net == NetBridge {
+		subnet, err := netCfg.Check()
+		if err != nil {
+			return nil, err
+		}
+		alloc = r.AddressAllocator(subnet)
+	} else if o.NAT {
+		return nil, fmt.Errorf("--nat needs --net bridge (a %s container has no address to masquerade)", net)
+	}
 	prof := confine.Default()
 	if o.Privileged {
 		prof = confine.Privileged()
@@ -159,12 +179,20 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		c.Memory, c.PidsLimit = o.Memory, o.PidsLimit
 		c.Net = net
 		c.Confine = &prof
+		if alloc != nil {
+			c.Bridge, c.NAT = netCfg.Bridge, o.NAT
+			var err error
+			if c.Addr, err = alloc(); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	cleanup.push(func() error { return r.Tree.Remove(c.ID) })
+	cleanup.push(func() error { return r.releaseNetwork(c) })
 
 	lower := slices.Clone(img.Layers)
 	slices.Reverse(lower) // overlayfs wants the top-most layer first
@@ -200,8 +228,8 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 
 	pid, err := r.startInit(cg, initConfig{
 		RootFS: c.RootFS, Hostname: c.Hostname, Args: args, Env: env,
-		WorkingDir: c.WorkingDir, MemDir: c.MemDir, Confine: prof, OwnNet: c.Net == NetNone,
-	})
+		WorkingDir: c.WorkingDir, MemDir: c.MemDir, Confine: prof, OwnNet: c.Net != NetHost,
+	}, func(pid int) error { return AttachNetwork(pid, c, "") })
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", c.Display(), err)
 	}
@@ -315,7 +343,7 @@ func mergeEnv(base, extra []string) []string {
 // startInit re-executes this binary as the set-up helper in new namespaces, puts it in
 // the cgroup before it does anything, and waits until it has exec'd the user's command
 // (the error pipe closes on exec) or reported why it could not.
-func (r *Runtime) startInit(cg *cgroup.Cgroup, cfg initConfig) (int, error) {
+func (r *Runtime) startInit(cg *cgroup.Cgroup, cfg initConfig, prepare func(pid int) error) (int, error) {
 	exe := r.Exe
 	if exe == "" {
 		exe = "/proc/self/exe"
@@ -357,6 +385,13 @@ func (r *Runtime) startInit(cg *cgroup.Cgroup, cfg initConfig) (int, error) {
 	}
 	if err := cg.AddProc(pid); err != nil {
 		return fail(err)
+	}
+	// The helper waits for its config: its namespaces are ready before the user's
+	// command runs (bridge mode's network).
+	if prepare != nil {
+		if err := prepare(pid); err != nil {
+			return fail(err)
+		}
 	}
 	if err := json.NewEncoder(cfgW).Encode(cfg); err != nil {
 		return fail(fmt.Errorf("send init config: %w", err))

@@ -3,6 +3,7 @@ package stage
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -26,7 +27,23 @@ var ErrNoSnapshot = exitcode.NewNotFound("not a LazyFork snapshot")
 var (
 	snapIDRe      = regexp.MustCompile(`^s[0-9a-f]{12}$`)
 	containerIDRe = regexp.MustCompile(`^[0-9a-f]{12}$`)
+	// The shape lib/network creates and deletes (kept here without its netlink imports).
+	bridgeRe = regexp.MustCompile(`^lfbr[a-z0-9]{0,11}$`)
 )
+
+// checkNet refuses a bridge or address that lib/network would never have given: a
+// forged record must not aim a bridge deletion at a foreign interface.
+func checkNet(bridge, addr string) error {
+	if bridge != "" && !bridgeRe.MatchString(bridge) {
+		return fmt.Errorf("bad bridge %q", bridge)
+	}
+	if addr != "" {
+		if p, err := netip.ParsePrefix(addr); err != nil || !p.Addr().Is4() {
+			return fmt.Errorf("bad address %q", addr)
+		}
+	}
+	return nil
+}
 
 func validContainerID(id string) bool { return containerIDRe.MatchString(id) }
 
@@ -75,6 +92,9 @@ func CheckSnapshot(s *Snapshot) error {
 	}
 	if s.Source.ID != "" && !validContainerID(s.Source.ID) {
 		return forged("snapshot "+s.ID, fmt.Errorf("bad source id %q", s.Source.ID))
+	}
+	if err := checkNet(s.Bridge, s.Addr); err != nil {
+		return forged("snapshot "+s.ID, err)
 	}
 	return nil
 }
@@ -125,6 +145,9 @@ func CheckRecord(c *tree.Container) error {
 		return forged(what, fmt.Errorf("bad parent %q", c.Parent))
 	}
 	if err := hook.ValidatePath(c.Hook); err != nil {
+		return forged(what, err)
+	}
+	if err := checkNet(c.Bridge, c.Addr); err != nil {
 		return forged(what, err)
 	}
 	return nil

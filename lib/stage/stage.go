@@ -78,6 +78,12 @@ type Snapshot struct {
 	// Net is the source's network mode; each fork of a "none" source gets a network
 	// namespace of its own (CRIU restores it from the image).
 	Net string `json:"net,omitempty"`
+	// Bridge mode: the source's bridge, address and --nat. Each fork gets an address of
+	// the same subnet on the same bridge, in a namespace prepared before CRIU restores
+	// into it; the fork's copies of sockets bound to Addr are closed (lib/network).
+	Bridge string `json:"bridge,omitempty"`
+	Addr   string `json:"addr,omitempty"`
+	NAT    bool   `json:"nat,omitempty"`
 
 	Dump    DumpStats     `json:"dump"`
 	Memfile *MemfileStats `json:"memfile,omitempty"`

@@ -75,6 +75,12 @@ type Container struct {
 	// each fork gets its own) or "host" (the host's). "" is a record from before network
 	// namespaces: host.
 	Net string `json:"net,omitempty"`
+	// Bridge mode only: the host bridge, the container's address with the subnet's prefix
+	// ("10.88.0.2/16"; the records are the allocation, see lib/network) and whether its
+	// outbound traffic is masqueraded (--nat).
+	Bridge string `json:"bridge,omitempty"`
+	Addr   string `json:"addr,omitempty"`
+	NAT    bool   `json:"nat,omitempty"`
 	// Confine is how every process in the container is confined; a process started inside
 	// it (exec, shell) must Apply it before its execve. A record without it was created
 	// before confinement existed and runs privileged: see ConfineProfile.

@@ -1,0 +1,333 @@
+package fork_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/network"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/testutil"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// counterServer answers every GET with how many requests it has served: state in memory
+// that forks inherit and then change on their own.
+const counterServer = `import http.server
+n = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global n
+        n += 1
+        b = b"%d" % n
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
+`
+
+// bridgeRuntime is a runtime whose bridge and subnet are the test's own (a /24 picked at
+// random in 10.213.0.0/16, or the prefix length given), and that checks, after every
+// container is deleted, that no veth, bridge or NAT rule of it is left.
+func bridgeRuntime(t *testing.T, bits int) *runtime.Runtime {
+	t.Helper()
+	br := fmt.Sprintf("lfbrt%05d", rand.IntN(100000))
+	subnet := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 213, byte(rand.IntN(256)), 0}), bits).Masked()
+	t.Cleanup(func() { checkNoNetworkLeft(t, br) }) // runs after the runtime's clean-up
+	rt := testutil.NewRuntime(t)
+	rt.Network = network.Config{Bridge: br, Subnet: subnet.String()}
+	return rt
+}
+
+func checkNoNetworkLeft(t *testing.T, bridge string) {
+	t.Helper()
+	out, _ := exec.Command("ip", "-o", "link", "show").CombinedOutput()
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, bridge) {
+			t.Errorf("left behind: %s", l)
+		}
+	}
+	if rules, err := network.NATRules(); err != nil {
+		t.Errorf("list NAT rules: %v", err)
+	} else if len(rules) > 0 {
+		t.Errorf("NAT rules left behind: %q", rules)
+	}
+}
+
+// bridgeClient talks to addresses on the test's bridge only: its sockets are bound to
+// the bridge device, so no request can leave the machine whatever the routes say.
+func bridgeClient(bridge string) *http.Client {
+	d := &net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = unix.BindToDevice(int(fd), bridge) })
+		return errors.Join(err, serr)
+	}}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
+}
+
+func addrOf(t *testing.T, c *tree.Container) string {
+	t.Helper()
+	p, err := netip.ParsePrefix(c.Addr)
+	if err != nil {
+		t.Fatalf("%s has no address: %q", c.ID, c.Addr)
+	}
+	return p.Addr().String()
+}
+
+// get asks the counter server at c's address, retrying while it is not yet listening.
+func get(t *testing.T, cl *http.Client, c *tree.Container) int {
+	t.Helper()
+	url := "http://" + addrOf(t, c) + ":8080/"
+	var last error
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		resp, err := cl.Get(url)
+		if err != nil {
+			last = err
+			continue
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			last = err
+			continue
+		}
+		n, err := strconv.Atoi(string(b))
+		if err != nil {
+			t.Fatalf("%s answered %q", url, b)
+		}
+		return n
+	}
+	t.Fatalf("%s (%s) does not answer: %v", url, c.ID, last)
+	return 0
+}
+
+func hostLinkExists(id string) bool {
+	return exec.Command("ip", "link", "show", network.HostLink(id)).Run() == nil
+}
+
+// A server in bridge mode, forked 10 times: every fork answers at its own address,
+// starting from the parent's counter, then each counts on its own; a fork of a fork too.
+// Addresses are unique, and freed (and their veths gone) on delete.
+func TestForkHTTPServerInBridgeMode(t *testing.T) {
+	rt := bridgeRuntime(t, 24)
+	cl := bridgeClient(rt.Network.Bridge)
+	src, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "web", Net: runtime.NetBridge,
+		Command: []string{"python3", "-c", counterServer}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src.Net != runtime.NetBridge || src.Bridge != rt.Network.Bridge || !hostLinkExists(src.ID) {
+		t.Fatalf("record: net %q bridge %q addr %q; veth there: %v", src.Net, src.Bridge, src.Addr, hostLinkExists(src.ID))
+	}
+	for i := 1; i <= 3; i++ {
+		if n := get(t, cl, src); n != i {
+			t.Fatalf("request %d to the source: %d", i, n)
+		}
+	}
+	forks := doFork(t, rt, src, 10)
+	src = mustGet(t, rt, src.ID)
+	seen := map[string]string{addrOf(t, src): src.ID}
+	for _, f := range forks {
+		a := addrOf(t, f)
+		if other, ok := seen[a]; ok {
+			t.Fatalf("%s and %s both hold %s", f.ID, other, a)
+		}
+		seen[a] = f.ID
+		if f.Bridge != src.Bridge || f.Net != runtime.NetBridge {
+			t.Errorf("fork %s: net %q bridge %q", f.ID, f.Net, f.Bridge)
+		}
+	}
+	for _, f := range forks {
+		if n := get(t, cl, f); n != 4 {
+			t.Errorf("fork %s at %s: first answer %d, want 4 (the parent's 3, plus this request)", f.ID, f.Addr, n)
+		}
+	}
+	// They diverge: the parent and one fork count on, each from its own state.
+	if n := get(t, cl, forks[0]); n != 5 {
+		t.Errorf("fork 0's second answer: %d, want 5", n)
+	}
+	if n := get(t, cl, src); n != 4 {
+		t.Errorf("the source after the forks: %d, want 4", n)
+	}
+	// A fork of a fork: its own address again, continuing fork 0's count.
+	grand := doFork(t, rt, forks[0], 1)[0]
+	if _, ok := seen[addrOf(t, grand)]; ok {
+		t.Fatalf("grandchild got an address in use: %s", grand.Addr)
+	}
+	if n := get(t, cl, grand); n != 6 {
+		t.Errorf("grandchild: %d, want 6", n)
+	}
+	if in := rt.Inspect(grand); in.Net != runtime.NetBridge || in.Address != addrOf(t, grand) {
+		t.Errorf("inspect: net %q address %q, want bridge %s", in.Net, in.Address, addrOf(t, grand))
+	}
+	// exec works in bridge mode and sees the container's own interface.
+	if got := execOut(t, rt, grand, "python3", "-c", "import socket; print(sorted(n for _, n in socket.if_nameindex()))"); got != "['eth0', 'lo']" {
+		t.Errorf("interfaces inside: %s", got)
+	}
+
+	// Delete frees the address and the veth: the next fork may get it again.
+	freed := forks[9]
+	if err := rt.Delete(freed); err != nil {
+		t.Fatal(err)
+	}
+	if hostLinkExists(freed.ID) {
+		t.Errorf("veth of deleted %s is still there", freed.ID)
+	}
+	again := doFork(t, rt, src, 1)[0]
+	if again.Addr != freed.Addr {
+		t.Errorf("the freed %s was not handed out again (got %s)", freed.Addr, again.Addr)
+	}
+	if n := get(t, cl, again); n != 5 {
+		t.Errorf("new fork at a reused address: %d, want 5", n)
+	}
+}
+
+// Address exhaustion fails the whole batch with a clear error and leaves nothing: no
+// record, no veth; the forks that fit work.
+func TestBridgeAddressExhaustion(t *testing.T) {
+	rt := bridgeRuntime(t, 29) // 5 addresses for containers
+	src, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Net: runtime.NetBridge, Command: []string{"sleep", "1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 5}})
+	if !errors.Is(err, network.ErrExhausted) || !strings.Contains(err.Error(), "LAZYFORK_SUBNET") {
+		t.Fatalf("fork of 5 into 4 free addresses: %v", err)
+	}
+	all, _ := rt.Tree.List()
+	if len(all) != 1 {
+		t.Fatalf("%d records after the refused batch, want the source only", len(all))
+	}
+	forks := doFork(t, rt, mustGet(t, rt, src.ID), 4)
+	if len(forks) != 4 {
+		t.Fatal("4 forks")
+	}
+	if _, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Net: runtime.NetBridge, Command: []string{"true"}}); !errors.Is(err, network.ErrExhausted) {
+		t.Fatalf("create with the subnet full: %v", err)
+	}
+	if all, _ := rt.Tree.List(); len(all) != 5 {
+		t.Fatalf("%d records after the refused create, want 5", len(all))
+	}
+}
+
+// Bad settings are refused before anything is made, with the fix in one line.
+func TestBridgeBadSettings(t *testing.T) {
+	rt := bridgeRuntime(t, 24)
+	for _, c := range []struct{ bridge, subnet, want string }{
+		{"", "10.213.0.1/24", "host bits set: use 10.213.0.0/24"},
+		{"", "10.213.0.0", "not in CIDR form"},
+		{"", "fd00::/64", "not IPv4"},
+		{"", "10.0.0.0/30", "/8 to /29"},
+		{"", "127.0.0.0/16", "reserved"},
+		{"eth0", "", "bridge name \"eth0\""},
+	} {
+		rt.Network = network.Config{Bridge: c.bridge, Subnet: c.subnet}
+		if c.bridge == "" {
+			rt.Network.Bridge = "lfbrtbad"
+		}
+		if c.subnet == "" {
+			rt.Network.Subnet = "10.213.0.0/24"
+		}
+		_, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Net: runtime.NetBridge, Command: []string{"true"}})
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+	if all, _ := rt.Tree.List(); len(all) != 0 {
+		t.Errorf("%d records left", len(all))
+	}
+	if _, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, NAT: true, Command: []string{"true"}}); err == nil || !strings.Contains(err.Error(), "--net bridge") {
+		t.Errorf("--nat without bridge: %v", err)
+	}
+}
+
+const echoServer = `import socket, threading
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("0.0.0.0", 9000)); srv.listen(16)
+def serve(c):
+    while True:
+        d = c.recv(64)
+        if not d:
+            return
+        c.sendall(d)
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+`
+
+// echoClient keeps one connection to the echo server at argv[1] and reports each round
+// trip, or how the connection ended.
+const echoClient = `import socket, sys, time, itertools
+s = socket.create_connection((sys.argv[1], 9000))
+for i in itertools.count():
+    try:
+        s.sendall(b"%d" % i)
+        if not s.recv(64):
+            raise EOFError()
+        print("ok", i, flush=True)
+    except Exception as e:
+        print("closed", type(e).__name__, flush=True)
+        break
+    time.sleep(0.1)
+time.sleep(100000)
+`
+
+// A connection from a bridge-mode container to a peer outside its namespace (another
+// container) goes on in the source after a fork; the fork's copy is closed before the
+// fork runs (it would speak with the source's address), and the fork can connect anew.
+func TestBridgeOutsideConnectionClosedInFork(t *testing.T) {
+	rt := bridgeRuntime(t, 24)
+	db, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "db", Net: runtime.NetBridge, Command: []string{"python3", "-c", echoServer}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbAddr := addrOf(t, db)
+	var app *tree.Container
+	testutil.Eventually(t, 15*time.Second, "the client to connect", func() bool {
+		if app != nil {
+			if l := lines(app); strings.HasPrefix(l[len(l)-1], "ok") {
+				return true
+			}
+			_ = rt.Delete(app) // the server was not listening yet
+		}
+		app, err = rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "app", Net: runtime.NetBridge, Command: []string{"python3", "-c", echoClient, dbAddr}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		return false
+	})
+	f := doFork(t, rt, app, 1)[0]
+	app = mustGet(t, rt, app.ID)
+	testutil.Eventually(t, 10*time.Second, "the fork to see its copy closed", func() bool {
+		l := lines(f)
+		return l[len(l)-1] == "closed ConnectionAbortedError"
+	})
+	n := len(lines(app))
+	testutil.Eventually(t, 10*time.Second, "the source's connection to go on", func() bool { return len(lines(app)) > n+5 })
+	for _, l := range lines(app) {
+		if !strings.HasPrefix(l, "ok") {
+			t.Errorf("source: %q", l)
+		}
+	}
+	got := execOut(t, rt, f, "python3", "-c", `import socket, sys; s = socket.create_connection((sys.argv[1], 9000)); s.sendall(b"again"); print(s.recv(64).decode())`, dbAddr)
+	if got != "again" {
+		t.Errorf("a new connection from the fork: %q", got)
+	}
+}
