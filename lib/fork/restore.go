@@ -267,10 +267,10 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 		// Bridge mode: the namespace is made here, with the fork's own address, before
 		// CRIU restores sockets into it (setup-namespaces below).
 		EmptyNetNS: s.Net == runtime.NetBridge,
-		Timeout:        RestoreTimeout,
-		KdatDir:        kdatDir(),
-		JoinCgroup:     cg.ProcsFiles(),
-		Service:        svc,
+		Timeout:    RestoreTimeout,
+		KdatDir:    kdatDir(),
+		JoinCgroup: cg.ProcsFiles(),
+		Service:    svc,
 		Notify: func(script string, pid int) error {
 			if pid <= 0 {
 				return nil
