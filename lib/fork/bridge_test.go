@@ -196,6 +196,21 @@ func TestForkHTTPServerInBridgeMode(t *testing.T) {
 	if n := get(t, cl, again); n != 5 {
 		t.Errorf("new fork at a reused address: %d, want 5", n)
 	}
+	// Stopped (its namespace and veth go with its processes) and started again: the same
+	// address, the same count.
+	if _, err := fork.Stop(ctx, rt, again); err != nil {
+		t.Fatal(err)
+	}
+	if hostLinkExists(again.ID) {
+		t.Errorf("stopped %s still has its veth", again.ID)
+	}
+	again = mustGet(t, rt, again.ID)
+	if err := fork.Start(ctx, rt, again); err != nil {
+		t.Fatal(err)
+	}
+	if n := get(t, cl, mustGet(t, rt, again.ID)); n != 6 {
+		t.Errorf("restarted at %s: %d, want 6", again.Addr, n)
+	}
 }
 
 // Address exhaustion fails the whole batch with a clear error and leaves nothing: no
@@ -329,5 +344,54 @@ func TestBridgeOutsideConnectionClosedInFork(t *testing.T) {
 	got := execOut(t, rt, f, "python3", "-c", `import socket, sys; s = socket.create_connection((sys.argv[1], 9000)); s.sendall(b"again"); print(s.recv(64).decode())`, dbAddr)
 	if got != "again" {
 		t.Errorf("a new connection from the fork: %q", got)
+	}
+}
+
+// --nat adds a masquerade rule (and a forward accept) per container, forks get their own,
+// and every rule, then the table, goes with the containers. No packet is sent anywhere:
+// the rules are read back from the kernel.
+func TestBridgeNATRules(t *testing.T) {
+	rt := bridgeRuntime(t, 24)
+	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Net: runtime.NetBridge, NAT: true, Command: []string{"sleep", "1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := func() map[string]int {
+		rs, err := network.NATRules()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]int{}
+		for _, r := range rs {
+			m[r]++
+		}
+		return m
+	}
+	want := func(id string, n int) {
+		t.Helper()
+		if got := rules()["lazyfork nat "+id]; got != n {
+			t.Errorf("%d rules for %s, want %d (all: %v)", got, id, n, rules())
+		}
+	}
+	want(c.ID, 2) // masquerade + forward accept
+	if rules()["lazyfork bridge "+rt.Network.Bridge] != 1 {
+		t.Errorf("no forward drop rule for the bridge: %v", rules())
+	}
+	f := doFork(t, rt, c, 1)[0]
+	if !f.NAT || !mustGet(t, rt, c.ID).NAT {
+		t.Fatal("fork or swapped source lost --nat")
+	}
+	want(f.ID, 2)
+	want(c.ID, 2) // the swapped source keeps its rules, once
+	if err := rt.Delete(f); err != nil {
+		t.Fatal(err)
+	}
+	want(f.ID, 0)
+	want(c.ID, 2)
+	if err := rt.Delete(mustGet(t, rt, c.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if rs := rules(); len(rs) != 0 {
+		t.Errorf("rules left: %v", rs)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
+	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -138,6 +139,9 @@ func MarkStopped(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 		errs = append(errs, cg.Kill(), cg.Remove())
 	}
 	errs = append(errs, overlay.Unmount(c.RootFS))
+	// Its namespace goes with its processes, the veth with it, but asynchronously: gone
+	// now, and its address stays in the record for Start.
+	errs = append(errs, network.Detach(c.ID))
 	c.State, c.Snapshot, c.Pid, c.StartTime = tree.StateStopped, s.ID, 0, 0
 	errs = append(errs, rt.Tree.Put(c))
 	if err := errors.Join(errs...); err != nil {

@@ -1,13 +1,270 @@
 package network
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 
-// AddNAT masquerades what the container with id and addr sends out of the host through
-// any interface but its bridge.
-func AddNAT(id, bridge, addr string) error { return errors.New("--nat is not implemented yet") }
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"golang.org/x/sys/unix"
 
-// RemoveNAT removes the rules AddNAT made for id; none is fine.
-func RemoveNAT(id string) error { return nil }
+	"github.com/lazyfork/lazyfork/lib/paths"
+)
 
-// NATRules lists the comments of LazyFork's NAT rules on this host.
-func NATRules() ([]string, error) { return nil, nil }
+// NAT lives in one nftables table of its own (ip lazyfork), made through netlink: every
+// rule carries a comment naming the container (or bridge) it is for, so removal deletes
+// exactly LazyFork's rules and the table goes with the last one. Nothing else on the host
+// (iptables, other nftables tables) is read or changed, except net.ipv4.ip_forward, which
+// masquerading needs and which the first --nat container turns on (it is left on).
+const (
+	natTable      = "lazyfork"
+	natChain      = "postrouting"
+	forwardChain  = "forward"
+	commentPrefix = "lazyfork "
+)
+
+func natComment(id string) string        { return commentPrefix + "nat " + id }
+func bridgeComment(bridge string) string { return commentPrefix + "bridge " + bridge }
+
+// AddNAT masquerades what the container id (address addr, on bridge) sends through any
+// other interface of the host, and lets the host forward it. A bridge with at least one
+// such container also gets a rule that drops what the others would send to be forwarded:
+// with forwarding on, they must still reach the host and the bridge only.
+func AddNAT(id, bridge, addr string) error {
+	if !idRe.MatchString(id) {
+		return fmt.Errorf("nat: bad container id %q", id)
+	}
+	if err := CheckBridge(bridge); err != nil {
+		return err
+	}
+	p, err := netip.ParsePrefix(addr)
+	if err != nil || !p.Addr().Is4() {
+		return fmt.Errorf("nat %s: bad address %q", id, addr)
+	}
+	unlock, err := natLock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("nat %s: turn on ip_forward: %w", id, err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nat %s: %w", id, err)
+	}
+	defer c.CloseLasting()
+	t, nat, fwd := chains(c)
+	existing, err := comments(c, t, fwd)
+	if err != nil {
+		return fmt.Errorf("nat %s: %w", id, err)
+	}
+	if existing[natComment(id)] {
+		return nil // a swapped or restarted source: its rules stayed
+	}
+	src := p.Addr().As4()
+	saddr := []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: src[:]},
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, UserData: comment(natComment(id)), Exprs: append(append([]expr.Any{}, saddr...),
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(bridge)},
+		&expr.Masq{},
+	)})
+	// Accepts go first, the bridge's drop last.
+	c.InsertRule(&nftables.Rule{Table: t, Chain: fwd, UserData: comment(natComment(id)), Exprs: append([]expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
+	}, append(saddr, &expr.Verdict{Kind: expr.VerdictAccept})...)})
+	if !existing[bridgeComment(bridge)] {
+		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, UserData: comment(bridgeComment(bridge)), Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}})
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nat %s: add rules: %w", id, err)
+	}
+	return nil
+}
+
+// RemoveNAT deletes the rules AddNAT made for id (none is fine), the drop rule of a
+// bridge none of whose containers is masqueraded any more, and the table once empty.
+func RemoveNAT(id string) error {
+	if !idRe.MatchString(id) {
+		return fmt.Errorf("nat: bad container id %q", id)
+	}
+	unlock, err := natLock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nat %s: %w", id, err)
+	}
+	defer c.CloseLasting()
+	t, err := c.ListTableOfFamily(natTable, nftables.TableFamilyIPv4)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("nat %s: %w", id, err)
+	}
+	rules, err := tableRules(c, t)
+	if err != nil {
+		return fmt.Errorf("nat %s: %w", id, err)
+	}
+	var left []*nftables.Rule
+	for _, r := range rules {
+		if ruleComment(r) == natComment(id) {
+			if err := c.DelRule(r); err != nil {
+				return fmt.Errorf("nat %s: %w", id, err)
+			}
+			continue
+		}
+		left = append(left, r)
+	}
+	// A bridge's drop rule stays while one of its containers is masqueraded: their
+	// forward accepts name the bridge in the rule, not the comment, so count by bridge.
+	natBridges := map[string]bool{}
+	for _, r := range left {
+		if strings.HasPrefix(ruleComment(r), commentPrefix+"nat ") && r.Chain.Name == forwardChain {
+			natBridges[ruleIifname(r)] = true
+		}
+	}
+	empty := true
+	for _, r := range left {
+		if b, ok := strings.CutPrefix(ruleComment(r), commentPrefix+"bridge "); ok && !natBridges[b] {
+			if err := c.DelRule(r); err != nil {
+				return fmt.Errorf("nat %s: %w", id, err)
+			}
+			continue
+		}
+		empty = false
+	}
+	if empty {
+		c.DelTable(t)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nat %s: remove rules: %w", id, err)
+	}
+	return nil
+}
+
+// NATRules lists the comments of LazyFork's NAT rules on this host ("lazyfork nat <id>",
+// "lazyfork bridge <name>").
+func NATRules() ([]string, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, err
+	}
+	defer c.CloseLasting()
+	t, err := c.ListTableOfFamily(natTable, nftables.TableFamilyIPv4)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	rules, err := tableRules(c, t)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range rules {
+		out = append(out, ruleComment(r))
+	}
+	return out, nil
+}
+
+// chains queues the table and its two chains (created if missing, kept if present).
+func chains(c *nftables.Conn) (*nftables.Table, *nftables.Chain, *nftables.Chain) {
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable})
+	nat := c.AddChain(&nftables.Chain{Name: natChain, Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	accept := nftables.ChainPolicyAccept
+	fwd := c.AddChain(&nftables.Chain{Name: forwardChain, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	return t, nat, fwd
+}
+
+// comments are those of the rules already in the table (the queued table and chains are
+// sent first, so a missing table is created, then read back empty).
+func comments(c *nftables.Conn, t *nftables.Table, _ *nftables.Chain) (map[string]bool, error) {
+	if err := c.Flush(); err != nil {
+		return nil, fmt.Errorf("create table %s: %w", natTable, err)
+	}
+	rules, err := tableRules(c, t)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, r := range rules {
+		out[ruleComment(r)] = true
+	}
+	return out, nil
+}
+
+func tableRules(c *nftables.Conn, t *nftables.Table) ([]*nftables.Rule, error) {
+	var out []*nftables.Rule
+	for _, name := range []string{natChain, forwardChain} {
+		rs, err := c.GetRules(t, &nftables.Chain{Name: name, Table: t})
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return nil, fmt.Errorf("list %s rules: %w", name, err)
+		}
+		for _, r := range rs {
+			r.Chain = &nftables.Chain{Name: name, Table: t}
+			r.Table = t
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+func comment(s string) []byte { return userdata.AppendString(nil, userdata.TypeComment, s) }
+
+func ruleComment(r *nftables.Rule) string {
+	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
+	return s
+}
+
+// ruleIifname is the interface a forward rule matches (its first comparison).
+func ruleIifname(r *nftables.Rule) string {
+	for _, e := range r.Exprs {
+		if cmp, ok := e.(*expr.Cmp); ok {
+			return strings.TrimRight(string(cmp.Data), "\x00")
+		}
+	}
+	return ""
+}
+
+// ifname pads an interface name as the kernel compares it.
+func ifname(n string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, n)
+	return b
+}
+
+// natLock serialises rule changes across LazyFork processes (check, then add).
+func natLock() (func(), error) {
+	if err := os.MkdirAll(paths.Run(), 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(paths.Run(), "nat.lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock nat rules: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock nat rules: %w", err)
+	}
+	return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+}
