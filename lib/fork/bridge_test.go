@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/testutil"
@@ -198,7 +199,7 @@ func TestForkHTTPServerInBridgeMode(t *testing.T) {
 	}
 	// Stopped (its namespace and veth go with its processes) and started again: the same
 	// address, the same count.
-	if _, err := fork.Stop(ctx, rt, again); err != nil {
+	if _, err := fork.Stop(ctx, rt, again, hook.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if hostLinkExists(again.ID) {
