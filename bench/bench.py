@@ -151,10 +151,15 @@ class Sampler:
         self.timers, self.samples = {}, {}
         self.lock = threading.Lock()
 
-    def on_line(self, line):  # lf-restore's stderr: "fork <id> running (pid <pid>, <ms> ms)"
-        m = re.match(r"^fork ([0-9a-f]+) running \(pid (\d+)", line)
-        if m:
-            self.start(m.group(1), int(m.group(2)))
+    def on_line(self, line):  # lf-restore --progress: a lazyfork.fork document per fork as it runs
+        if not line.startswith("{"):
+            return
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return
+        if isinstance(doc, dict) and doc.get("kind") == "lazyfork.fork":
+            self.start(doc["id"], int(doc["pid"]))
 
     def start(self, fid, pid, t0=None):
         t0 = now() if t0 is None else t0
@@ -504,8 +509,8 @@ class Bench:
 
     def restore(self, snap, n, names, rm=False, extra=()):
         """lf-restore -n N. Each fork is sampled (cgroup memory, smaps) when it has run
-        cfg.settle seconds, timed from its "running" line on lf-restore's stderr."""
-        args = [BIN / "lf-restore", "-n", n, *extra]
+        cfg.settle seconds, timed from its lazyfork.fork document on lf-restore --progress's stderr."""
+        args = [BIN / "lf-restore", "--progress", "-n", n, *extra]
         for nm in names:
             args += ["--name", nm]
         if rm:

@@ -68,9 +68,14 @@ func resolve(c cli) (images, family string, err error) {
 	arg := c.Checkpoint
 	var s *stage.Snapshot
 	switch {
-	case arg == "" || arg == "-":
-		if s, err = stage.ReadSnapshot(io.LimitReader(os.Stdin, 1<<20)); err != nil {
-			return "", "", fmt.Errorf("read snapshot JSON on stdin: %w (or name a snapshot or a CRIU image directory)", err)
+	case arg == "" || arg == "-" || isFile(arg):
+		in, err := stagecmd.Input(arg)
+		if err != nil {
+			return "", "", err
+		}
+		defer in.Close()
+		if s, err = stage.ReadSnapshot(io.LimitReader(in, stagecmd.MaxDocument)); err != nil {
+			return "", "", fmt.Errorf("read snapshot JSON: %w (or name a snapshot or a CRIU image directory)", err)
 		}
 	case exists(filepath.Join(arg, "inventory.img")) && !exists(filepath.Join(filepath.Dir(arg), "snapshot.json")):
 		images = arg
@@ -106,6 +111,9 @@ func resolve(c cli) (images, family string, err error) {
 }
 
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// isFile: the argument is a document (snapshot JSON saved from a stage), not a directory.
+func isFile(p string) bool { fi, err := os.Stat(p); return err == nil && fi.Mode().IsRegular() }
 
 func printTables(w io.Writer, rep *memfile.Report, family string, onDisk []memfile.FileReport, all bool) error {
 	fmt.Fprintf(w, "checkpoint %s: %d task(s), %d VMAs", rep.Dir, rep.Tasks, len(rep.VMAs))

@@ -98,12 +98,21 @@ func RemoveSnapshot(s *stage.Snapshot) error {
 const removingPrefix = ".lf-rm-"
 
 // ReadSnapshotArg reads the snapshot a stage works on: the one named by arg (directory or
-// id) or, when arg is empty, the snapshot JSON on stdin (the previous stage's output).
+// id), the snapshot JSON in the file arg, or, when arg is "" or "-", the snapshot JSON on
+// stdin (the previous stage's output).
 func ReadSnapshotArg(arg string) (*stage.Snapshot, error) {
-	if arg != "" {
+	in := io.Reader(os.Stdin)
+	if fi, err := os.Stat(arg); err == nil && fi.Mode().IsRegular() {
+		f, err := os.Open(arg)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		in = f
+	} else if arg != "" && arg != "-" {
 		return LoadSnapshot(arg)
 	}
-	s, err := stage.ReadSnapshot(io.LimitReader(os.Stdin, maxSnapshotJSON))
+	s, err := stage.ReadSnapshot(io.LimitReader(in, maxSnapshotJSON))
 	if err != nil {
 		return nil, err
 	}
