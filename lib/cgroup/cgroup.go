@@ -79,6 +79,18 @@ func resolve(h host, v2 bool, name, parent string) (*Cgroup, error) {
 		keys = []string{unified}
 	}
 	c := &Cgroup{Name: name, Paths: Paths{}, V2: v2, mounts: h.mounts}
+	if pp, ok, err := parentPaths(parent); ok {
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range keys {
+			if pp[k] == "" {
+				return nil, fmt.Errorf("resolve cgroup: parent has no %s path", k)
+			}
+			c.Paths[k] = filepath.Join(pp[k], name)
+		}
+		return c, nil
+	}
 	if parent != "" {
 		if !filepath.IsAbs(parent) || slices.Contains(strings.Split(parent, "/"), "..") {
 			return nil, fmt.Errorf("resolve cgroup: parent %q must be an absolute path without ..", parent)

@@ -1,0 +1,53 @@
+package fork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// PrepareOptions tune Prepare.
+type PrepareOptions struct {
+	Force     bool // see Options.Force
+	HugePages bool // see memfile.Options.HugePages
+}
+
+// Prepare writes a keyframe of running c now: c is dumped, its memory moved into memory
+// files and c moved onto them (Swap), exactly as its first fork would, but no fork is
+// made and the snapshot is kept (no owner: GC keeps it while c exists). Forks restored
+// from the returned snapshot start from c's state at this instant, and c itself maps the
+// same files, so its later dumps hold only what it changed since. Called again it writes
+// a new generation (its files are a delta over the family's): old generations' files
+// stay while anything maps them. If c cannot be frozen for the swap (a stopped task), c
+// keeps running on its own memory and the snapshot is still a valid keyframe for forks.
+func Prepare(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o PrepareOptions) (*stage.Snapshot, error) {
+	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Swap: true})
+	if err != nil {
+		return nil, err
+	}
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages})
+	if err != nil {
+		if s.Swap {
+			err = errors.Join(err, undoSwapDump(c, s))
+		}
+		_ = RemoveSnapshot(s)
+		_ = Collect(rt)
+		return nil, err
+	}
+	if m.Swap {
+		if err := Swap(ctx, rt, c, m); err != nil {
+			_ = RemoveSnapshot(m)
+			_ = Collect(rt)
+			return nil, err
+		}
+	}
+	m.Owner = 0
+	if err := Save(m); err != nil {
+		return nil, fmt.Errorf("prepare %s: %w", displayName(c), err)
+	}
+	return m, nil
+}

@@ -1,0 +1,166 @@
+package snaptree
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/budget"
+	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// refresh brings every node's live figures up to date: state (a live node whose
+// processes are gone is exited), RAM (its cgroup's charge), CPU time and, when that
+// changed, last-active; disk shares; and the tree's usage.
+func (t *Tree) refresh(rt *runtime.Runtime) {
+	now := time.Now().UTC()
+	for _, n := range t.Nodes {
+		if n.State == StateSuspended {
+			n.RAMBytes = 0
+			continue
+		}
+		c, err := rt.Tree.Get(n.ID)
+		if err != nil || rt.State(c) == tree.StateExited || c.State == tree.StateStopped {
+			n.State, n.RAMBytes = StateExited, 0
+			continue
+		}
+		n.State = StateLive
+		if cg, err := runtime.Cgroup(c); err == nil {
+			if st, err := cg.Stats(); err == nil {
+				n.RAMBytes = int64(st.MemoryBytes)
+			}
+			if ticks, ok := cpuTicks(cg); ok && ticks != n.CPUTicks {
+				// CPU time used since the last look: the node did something.
+				n.CPUTicks, n.LastActive = ticks, now
+			}
+		}
+	}
+	// Disk: each node's packed dirs plus an equal share of every packed file it needs.
+	refs := map[string]int{}
+	for _, n := range t.Nodes {
+		for _, p := range n.Packed {
+			for _, f := range p.Files {
+				refs[filepath.Join(p.Family, f)]++
+			}
+		}
+	}
+	for _, n := range t.Nodes {
+		n.DiskBytes = 0
+		for _, p := range n.Packed {
+			n.DiskBytes += p.Bytes
+			for _, f := range p.Files {
+				k := filepath.Join(p.Family, f)
+				n.DiskBytes += familyFileBytes(t.storeDir(p.Family), []string{f, f + ".map"}) / int64(refs[k])
+			}
+		}
+	}
+	t.Usage = t.usage()
+}
+
+// usage measures the tree: live members, the tree cgroup's charge, the directory's
+// physical size, and its families' tmpfs bytes.
+func (t *Tree) usage() Usage {
+	var u Usage
+	fams := map[string]bool{}
+	for _, n := range t.Nodes {
+		if n.State == StateLive {
+			u.Live++
+			u.RAMBytes += n.RAMBytes
+		}
+		for _, p := range n.Packed {
+			fams[p.Family] = true
+		}
+	}
+	if cg, err := cgroup.LoadOwned(t.Cgroup); err == nil {
+		if st, err := cg.Stats(); err == nil {
+			u.RAMBytes = int64(st.MemoryBytes)
+		}
+	}
+	u.DiskBytes = diskBytes(t.Dir())
+	for f := range fams {
+		u.TmpfsBytes += fork.FamilyBytes(f)
+	}
+	return u
+}
+
+// families are the memory-file families the tree's containers use.
+func (t *Tree) families(rt *runtime.Runtime) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(f string) {
+		if f != "" && !seen[f] {
+			seen[f] = true
+			out = append(out, f)
+		}
+	}
+	for _, n := range t.NodeList() {
+		if c, err := rt.Tree.Get(n.ID); err == nil {
+			add(c.Family)
+		}
+		for _, p := range n.Packed {
+			add(p.Family)
+		}
+	}
+	return out
+}
+
+// tmpfsBytes is what the tree's families hold on tmpfs.
+func (t *Tree) tmpfsBytes(rt *runtime.Runtime) int64 {
+	var n int64
+	for _, f := range t.families(rt) {
+		n += fork.FamilyBytes(f)
+	}
+	return n
+}
+
+// budgetTree is the tree as lib/budget sees it. An exited node holds nothing live.
+func (t *Tree) budgetTree() *budget.Tree {
+	bt := &budget.Tree{Budget: t.Budget.lib(), Nodes: map[string]*budget.Node{}}
+	for _, n := range t.Nodes {
+		st := budget.State(StateLive)
+		if n.State != StateLive {
+			st = budget.State(StateSuspended)
+		}
+		bt.Nodes[n.ID] = &budget.Node{ID: n.ID, Parent: n.Parent, State: st, Protected: n.Protected,
+			Keyframe: n.HasKeyframe, RAMBytes: n.RAMBytes, DiskBytes: n.DiskBytes, LastActive: n.LastActive.UnixNano()}
+	}
+	return bt
+}
+
+// cpuTicks is the CPU time (user+system, clock ticks) of every process in the group.
+// cgroup v1 here has no cpuacct for containers, so it is summed from /proc/<pid>/stat.
+func cpuTicks(cg *cgroup.Cgroup) (uint64, bool) {
+	pids, err := cg.Procs()
+	if err != nil {
+		return 0, false
+	}
+	var sum uint64
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command (which may hold spaces) start after the last ')'.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 13 {
+			continue
+		}
+		// utime and stime are fields 14 and 15 of stat; f[0] is field 3.
+		u, _ := strconv.ParseUint(f[11], 10, 64)
+		st, _ := strconv.ParseUint(f[12], 10, 64)
+		sum += u + st
+	}
+	return sum, true
+}
+
