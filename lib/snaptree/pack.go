@@ -467,4 +467,3 @@ func familyFileBytes(dir string, names []string) int64 {
 	}
 	return n
 }
-

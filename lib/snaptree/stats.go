@@ -163,4 +163,3 @@ func cpuTicks(cg *cgroup.Cgroup) (uint64, bool) {
 	}
 	return sum, true
 }
-
