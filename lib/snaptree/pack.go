@@ -50,6 +50,24 @@ func (t *Tree) pack(n *Node, s *stage.Snapshot, role string) (Packed, error) {
 		_ = fsutil.RemoveAll(tmp)
 		return Packed{}, fmt.Errorf("pack %s: %w", s.ID, err)
 	}
+	// Its frozen layer (the upper at the dump, which forks of it stack on) lies on disk
+	// already, but GC removes it once no snapshot on tmpfs names it: it goes with the
+	// pack, moved when only this snapshot uses it (a stop's), copied when containers
+	// stack on it too (a keyframe's).
+	if s.Layer != "" {
+		if _, err := os.Lstat(s.Layer); err == nil {
+			var err error
+			if role == RoleSuspend {
+				err = os.Rename(s.Layer, filepath.Join(tmp, "layer"))
+			} else {
+				err = copyInto(filepath.Join(tmp, "layer"), s.Layer)
+			}
+			if err != nil {
+				_ = fsutil.RemoveAll(tmp)
+				return Packed{}, fmt.Errorf("pack %s: layer: %w", s.ID, err)
+			}
+		}
+	}
 	_ = fsutil.RemoveAll(p.Dir)
 	if err := os.Rename(tmp, p.Dir); err != nil {
 		_ = fsutil.RemoveAll(tmp)
@@ -101,6 +119,22 @@ func (t *Tree) unpack(ctx context.Context, p Packed) (*stage.Snapshot, error) {
 	}
 	if s.ID != p.Snapshot || s.Family != p.Family {
 		return nil, fmt.Errorf("unpack %s: snapshot.json names %s of family %s", p.Snapshot, s.ID, s.Family)
+	}
+	if layer := filepath.Join(p.Dir, "layer"); s.Layer != "" {
+		if _, err := os.Lstat(s.Layer); errors.Is(err, os.ErrNotExist) {
+			if err := os.MkdirAll(filepath.Dir(s.Layer), 0o700); err != nil {
+				return nil, fmt.Errorf("unpack %s: %w", p.Snapshot, err)
+			}
+			tmp := s.Layer + ".lf-tmp"
+			_ = fsutil.RemoveAll(tmp)
+			if err := copyInto(tmp, layer); err != nil {
+				_ = fsutil.RemoveAll(tmp)
+				return nil, fmt.Errorf("unpack %s: layer: %w", p.Snapshot, err)
+			}
+			if err := os.Rename(tmp, s.Layer); err != nil {
+				return nil, fmt.Errorf("unpack %s: layer: %w", p.Snapshot, err)
+			}
+		}
 	}
 	if err := fork.MakeFamilyDir(s.FamilyDir); err != nil {
 		return nil, fmt.Errorf("unpack %s: %w", p.Snapshot, err)

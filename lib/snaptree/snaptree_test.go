@@ -324,3 +324,238 @@ func mustGet(t *testing.T, rt *runtime.Runtime, id string) *tree.Container {
 
 var _ = cgroup.Mode
 var _ = fsutil.RemoveAll
+
+// liveRAM sums the live nodes' RAM as the budget sees it.
+func liveRAM(tr *snaptree.Tree) int64 {
+	var n int64
+	for _, x := range tr.Nodes {
+		if x.State == snaptree.StateLive {
+			n += x.RAMBytes
+		}
+	}
+	return n
+}
+
+func TestEvictionSuspendsLeastRecentlyActiveUnprotected(t *testing.T) {
+	rt, m, tr := newTree(t, nil)
+	if _, _, err := m.Protect(ctx, tr.ID, tr.Root, true); err != nil {
+		t.Fatal(err)
+	}
+	forks, tr, err := m.Fork(ctx, tr.ID, tr.Root, snaptree.ForkOptions{N: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := forks[0].ID, forks[1].ID
+	// The root stays idle (and is the least recently active); a works, then b.
+	query(t, rt, a)
+	if tr, err = m.Get(ctx, tr.ID); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	query(t, rt, b)
+	if tr, err = m.Get(ctx, tr.ID); err != nil {
+		t.Fatal(err)
+	}
+	r, na, nb := nodeOf(t, tr, tr.Root), nodeOf(t, tr, a), nodeOf(t, tr, b)
+	if !(r.LastActive.Before(na.LastActive) && na.LastActive.Before(nb.LastActive)) {
+		t.Fatalf("last active: root %v a %v b %v (want increasing)", r.LastActive, na.LastActive, nb.LastActive)
+	}
+	// A RAM budget the three live nodes exceed 85% of, and two do not.
+	total := liveRAM(tr)
+	small := tr.Budget
+	small.MaxRAMBytes = int64(float64(total) / 0.85 * 0.97)
+	t.Logf("live RAM root %d a %d b %d = %d; budget %d", r.RAMBytes, na.RAMBytes, nb.RAMBytes, total, small.MaxRAMBytes)
+	var evs []snaptree.Event
+	m.OnEvent = func(e snaptree.Event) { evs = append(evs, e) }
+	if tr, err = m.SetBudget(ctx, tr.ID, small); err != nil {
+		t.Fatalf("set budget: %v", err)
+	}
+	if got := []string{nodeOf(t, tr, tr.Root).State, nodeOf(t, tr, a).State, nodeOf(t, tr, b).State}; got[0] != snaptree.StateLive || got[1] != snaptree.StateSuspended || got[2] != snaptree.StateLive {
+		t.Fatalf("after eviction root, a, b are %v; want live, suspended, live", got)
+	}
+	evicted := false
+	for _, e := range evs {
+		if e.Kind == "evict" && len(e.Nodes) == 1 && e.Nodes[0] == a {
+			evicted = true
+		}
+	}
+	if !evicted {
+		t.Fatalf("no evict event for a: %+v", evs)
+	}
+	// Evicting again finds nothing to do; the protected root is never chosen.
+	if ids, tr2, err := m.Evict(ctx, tr.ID); err != nil || len(ids) != 0 || nodeOf(t, tr2, tr2.Root).State != snaptree.StateLive {
+		t.Fatalf("evict again: %v %v", ids, err)
+	}
+	// A fork that cannot fit even after eviction fails, naming the budget, and changes
+	// nothing.
+	before := len(tr.Nodes)
+	_, tr, err = m.Fork(ctx, tr.ID, b, snaptree.ForkOptions{N: 4})
+	var ob *snaptree.OverBudgetError
+	if !errors.As(err, &ob) {
+		t.Fatalf("fork over budget: %v, want OverBudgetError", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "budget") {
+		t.Fatalf("error not one line naming the budget: %q", msg)
+	}
+	t.Logf("over budget: %v", err)
+	if tr, err = m.Get(ctx, tr.ID); err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Nodes) != before || nodeOf(t, tr, tr.Root).State != snaptree.StateLive {
+		t.Fatalf("a failed fork changed the tree: %d nodes (was %d), root %s", len(tr.Nodes), before, nodeOf(t, tr, tr.Root).State)
+	}
+}
+
+// Suspending every node frees the heap from tmpfs; after a power cut (every process
+// killed, tmpfs and cgroups wiped) suspended nodes resume from disk with their memory and
+// files; pruning the root frees every byte.
+func TestSuspendFreesRAMPowerCutAndPrune(t *testing.T) {
+	rt, m, tr := newTree(t, nil)
+	forks, tr, err := m.Fork(ctx, tr.ID, tr.Root, snaptree.ForkOptions{N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := forks[0].ID
+	if _, err := rt.Exec(ctx, mustGet(t, rt, a), runtime.ExecOptions{Args: []string{"sh", "-c", "echo a-was-here > /tmp/file-a"}}); err != nil {
+		t.Fatal(err)
+	}
+	hr, nr := query(t, rt, tr.Root)
+	ha, na := query(t, rt, a)
+	if _, tr, err = m.Suspend(ctx, tr.ID, a); err != nil {
+		t.Fatalf("suspend a: %v", err)
+	}
+	ramRoot, tmpBefore := cgroupBytes(rt, tr.Root), tmpfsBytes()
+	if _, tr, err = m.Suspend(ctx, tr.ID, tr.Root); err != nil {
+		t.Fatalf("suspend root: %v", err)
+	}
+	tmpAfter := tmpfsBytes()
+	t.Logf("suspend root: cgroup %d -> %d bytes; tmpfs %d -> %d bytes; tree on disk %d bytes", ramRoot, cgroupBytes(rt, tr.Root), tmpBefore, tmpAfter, tr.Usage.DiskBytes)
+	if cgroupBytes(rt, tr.Root) != 0 {
+		t.Fatal("root still charged after suspend")
+	}
+	// The heap is in the root's cgroup (written after its keyframe) or in memory files:
+	// either way it is gone from RAM.
+	if freed := ramRoot + tmpBefore - tmpAfter; freed < 16<<20 {
+		t.Fatalf("suspending the last live node freed %d bytes of cgroup and tmpfs, want the 16 MiB heap", freed)
+	}
+	if tr.Usage.Live != 0 {
+		t.Fatalf("usage %+v after suspending everything", tr.Usage)
+	}
+
+	// Power cut: tmpfs state and the tree cgroup vanish.
+	for _, d := range []string{paths.Snapshots(), paths.Families()} {
+		if err := fsutil.RemoveAll(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cg, err := cgroup.LoadOwned(tr.Cgroup); err == nil {
+		if err := cg.Remove(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, tr, err = m.Resume(ctx, tr.ID, a); err != nil {
+		t.Fatalf("resume a after power cut: %v", err)
+	}
+	if h, k := query(t, rt, a); h != ha || k != na+1 {
+		t.Fatalf("a after power cut: %s %d, want %s %d", h, k, ha, na+1)
+	}
+	if got := catFile(t, rt, a, "/tmp/file-a"); got != "a-was-here\n" {
+		t.Fatalf("a's file after power cut: %q", got)
+	}
+	if _, tr, err = m.Resume(ctx, tr.ID, tr.Root); err != nil {
+		t.Fatalf("resume root after power cut: %v", err)
+	}
+	if h, k := query(t, rt, tr.Root); h != hr || k != nr+1 {
+		t.Fatalf("root after power cut: %s %d, want %s %d", h, k, hr, nr+1)
+	}
+
+	// Prune the root: nothing of the tree is left anywhere.
+	res, _, err := m.Prune(ctx, tr.ID, tr.Root)
+	if err != nil {
+		t.Fatalf("prune root: %v", err)
+	}
+	if !res.TreeRemoved || len(res.Pruned) != 2 {
+		t.Fatalf("prune result %+v", res)
+	}
+	t.Logf("prune root: freed tmpfs %d, disk %d", res.TmpfsFreed, res.DiskFreed)
+	if _, err := os.Stat(tr.Dir()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("tree dir left: %v", err)
+	}
+	if n := tmpfsFiles(t); len(n) > 0 {
+		t.Fatalf("tmpfs files left after pruning the root: %v", n)
+	}
+	if ents, _ := os.ReadDir(paths.Layers()); len(ents) > 0 {
+		t.Fatalf("layers left: %d", len(ents))
+	}
+	if all, _ := rt.Tree.List(); len(all) > 0 {
+		t.Fatalf("records left: %d", len(all))
+	}
+	if _, err := cgroup.LoadOwned(tr.Cgroup); err == nil {
+		t.Fatalf("tree cgroup left")
+	}
+}
+
+// tmpfsFiles lists snapshot and memory files left on tmpfs.
+func tmpfsFiles(t *testing.T) []string {
+	var out []string
+	for _, d := range []string{paths.Snapshots(), paths.Families()} {
+		_ = filepath.Walk(d, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() {
+				out = append(out, p)
+			}
+			return nil
+		})
+	}
+	return out
+}
+
+// A forged tree.json (packed state outside the tree, a foreign cgroup) is refused before
+// anything is touched.
+func TestForgedTreeDocument(t *testing.T) {
+	root := t.TempDir()
+	t.Setenv("LAZYFORK_ROOT", root)
+	t.Setenv("LAZYFORK_RUN", t.TempDir())
+	id := "t0123456789ab"
+	good := func() map[string]any {
+		return map[string]any{"kind": snaptree.Kind, "version": snaptree.Version, "id": id, "root": "0123456789ab",
+			"cgroup": map[string]string{"memory": "/lazyfork/tree-0123456789ab"},
+			"nodes": map[string]any{"0123456789ab": map[string]any{"id": "0123456789ab", "state": "suspended",
+				"packed": []map[string]any{{"snapshot": "s0123456789ab", "role": "suspend", "family": "s0123456789ab",
+					"files": []string{"x.mem"}, "dir": filepath.Join(root, "trees", id, "nodes", "0123456789ab", "s0123456789ab")}}}}}
+	}
+	m := &snaptree.Manager{RT: &runtime.Runtime{}}
+	write := func(doc map[string]any) {
+		if err := os.MkdirAll(filepath.Join(root, "trees", id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := fsutil.WriteJSON(filepath.Join(root, "trees", id, "tree.json"), doc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(good())
+	if _, err := m.List(); err != nil {
+		t.Fatalf("a good document refused: %v", err)
+	}
+	packed := func(d map[string]any) map[string]any {
+		return d["nodes"].(map[string]any)["0123456789ab"].(map[string]any)["packed"].([]map[string]any)[0]
+	}
+	cases := map[string]func(d map[string]any){
+		"packed dir /etc":   func(d map[string]any) { packed(d)["dir"] = "/etc" },
+		"packed file ../x":  func(d map[string]any) { packed(d)["files"] = []string{"../../../etc/passwd"} },
+		"family ../":        func(d map[string]any) { packed(d)["family"] = "../x" },
+		"foreign cgroup":    func(d map[string]any) { d["cgroup"] = map[string]string{"memory": "/system.slice"} },
+		"node id traversal": func(d map[string]any) { d["nodes"] = map[string]any{"../x": map[string]any{"id": "../x"}} },
+		"other id":          func(d map[string]any) { d["id"] = "t111111111111" },
+	}
+	for name, mutate := range cases {
+		d := good()
+		mutate(d)
+		write(d)
+		_, err := m.Get(ctx, id)
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: error not one line: %q", name, err)
+		}
+	}
+}
