@@ -47,7 +47,7 @@ func Prepare(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Prep
 	}
 	m.Owner = 0
 	if err := Save(m); err != nil {
-		return nil, fmt.Errorf("prepare %s: %w", displayName(c), err)
+		return nil, fmt.Errorf("prepare %s: %w", c.Display(), err)
 	}
 	return m, nil
 }

@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/budget"
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/guard"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -62,6 +63,32 @@ type op struct {
 	ctx   context.Context
 	start time.Time
 	evs   []Event
+	// locks are the containers' own locks (lib/guard) this operation holds.
+	locks map[string]func()
+}
+
+// lock takes container id's lock (lib/guard: the porcelain, daemon and stages take the
+// same) for the rest of the operation, once, and returns the record read under it.
+func (o *op) lock(id string) (*tree.Container, error) {
+	if o.locks == nil {
+		o.locks = map[string]func(){}
+	}
+	if _, ok := o.locks[id]; ok {
+		return o.m.RT.Tree.Get(id)
+	}
+	c, unlock, err := guard.Lock(o.ctx, o.m.RT.Tree, id, 0)
+	if err != nil {
+		return nil, err
+	}
+	o.locks[id] = unlock
+	return c, nil
+}
+
+func (o *op) unlockAll() {
+	for _, u := range o.locks {
+		u()
+	}
+	o.locks = nil
 }
 
 func (o *op) event(kind, node string, nodes ...string) {
@@ -97,6 +124,7 @@ func (m *Manager) with(ctx context.Context, ref string, f func(o *op) error) (*T
 	}
 	t.refresh(m.RT)
 	ferr := f(o)
+	o.unlockAll()
 	if _, err := os.Stat(t.Dir()); err == nil { // a pruned root takes the directory
 		t.refresh(m.RT)
 		if err := t.save(); err != nil {
@@ -222,6 +250,9 @@ func (o *op) node(ref string) (*Node, *tree.Container, error) {
 	n := o.t.Nodes[c.ID]
 	if n == nil {
 		return nil, nil, fmt.Errorf("tree %s: %s: %w (see: lazyfork tree nodes %s)", o.t.ID, ref, ErrNotMember, o.t.ID)
+	}
+	if c, err = o.lock(c.ID); err != nil {
+		return nil, nil, err
 	}
 	return n, c, nil
 }
@@ -497,33 +528,12 @@ func (o *op) autoEvict() error {
 	return o.execute(o.t.budgetTree().PlanEvict(), "evict")
 }
 
-// overBudget turns lib/budget's error into a one-line message with the fix.
-func overBudget(err error) error {
-	var ob *budget.OverBudgetError
-	if !errors.As(err, &ob) {
-		return err
-	}
-	return &OverBudgetError{ob}
-}
+// overBudget passes lib/budget's refusal on: its *OverBudgetError is one line naming
+// the operation, the budget, the figures and the fix.
+func overBudget(err error) error { return err }
 
-// OverBudgetError is an operation that cannot fit in the tree's budget even after
-// eviction; it names the budget, the figures and the fix.
-type OverBudgetError struct{ *budget.OverBudgetError }
-
-func (e *OverBudgetError) Error() string {
-	b := e.OverBudgetError
-	unit := func(v int64) string {
-		switch b.Budget {
-		case "live", "chain_depth", "max_live", "max_chain_depth":
-			return strconv.FormatInt(v, 10)
-		}
-		return fmt.Sprintf("%d bytes (%.1f MiB)", v, float64(v)/(1<<20))
-	}
-	return fmt.Sprintf("over the tree's %s budget: the operation needs %s, %s is free of a limit of %s; suspend, unprotect or prune nodes, or create the tree with a larger budget",
-		b.Budget, unit(b.Need), unit(b.Have), unit(b.Limit))
-}
-
-func (e *OverBudgetError) Unwrap() error { return e.OverBudgetError }
+// OverBudgetError is lib/budget's: an operation that cannot fit even after eviction.
+type OverBudgetError = budget.OverBudgetError
 
 // Prepare writes node's keyframe now (idempotent: a node that has one is left as it
 // is); refresh writes a new generation for a node that has one. The old generation's
@@ -644,7 +654,7 @@ func (m *Manager) Suspend(ctx context.Context, treeRef, node string) (*Node, *Tr
 
 func (o *op) suspend(id string) error {
 	n := o.t.Nodes[id]
-	c, err := o.m.RT.Tree.Get(id)
+	c, err := o.lock(id)
 	if err != nil {
 		return err
 	}
@@ -660,7 +670,7 @@ func (o *op) suspend(id string) error {
 			return err
 		}
 	}
-	s, err := fork.Stop(o.ctx, o.trt, c)
+	s, err := fork.Stop(o.ctx, o.trt, c, hook.Options{})
 	if err != nil {
 		return err
 	}
@@ -790,7 +800,7 @@ func (m *Manager) Prune(ctx context.Context, treeRef, node string) (*PruneResult
 		tmpfsBefore, diskBefore := o.t.tmpfsBytes(o.m.RT), diskBytes(o.t.Dir())
 		var errs []error
 		for _, id := range o.t.Subtree(n.ID) {
-			if c, err := o.m.RT.Tree.Get(id); err == nil {
+			if c, err := o.lock(id); err == nil {
 				if err := o.m.RT.Delete(c); err != nil {
 					errs = append(errs, err)
 					continue
@@ -800,6 +810,10 @@ func (m *Manager) Prune(ctx context.Context, treeRef, node string) (*PruneResult
 				errs = append(errs, fsutil.RemoveAll(p.Dir))
 			}
 			errs = append(errs, fsutil.RemoveAll(TreeDirNode(o.t.ID, id)))
+			if u := o.locks[id]; u != nil {
+				u()
+				delete(o.locks, id)
+			}
 			delete(o.t.Nodes, id)
 			res.Pruned = append(res.Pruned, id)
 		}

@@ -33,7 +33,8 @@ var ctx = context.Background()
 
 // prog holds a heap of random bytes and answers SIGUSR1 by burning 50 ms of CPU (so
 // that its activity is visible) and writing the heap's hash and a query counter to
-// /tmp/a. Between queries it uses no CPU at all.
+// /tmp/a; SIGUSR2 makes it write one byte in each of 2048 pages of the heap (8 MiB
+// of private copies in a fork). Between signals it uses no CPU at all.
 const prog = `
 import os, signal, hashlib, time
 heap = bytearray(os.urandom(16 << 20))
@@ -45,7 +46,12 @@ def q(*a):
         pass
     open('/tmp/a.tmp', 'w').write('%s %d' % (hashlib.sha256(heap).hexdigest(), n[0]))
     os.rename('/tmp/a.tmp', '/tmp/a')
+def d(*a):
+    for i in range(0, 8 << 20, 4096):
+        heap[i] = (heap[i] + 1) & 255
+    open('/tmp/d', 'w').close()
 signal.signal(signal.SIGUSR1, q)
+signal.signal(signal.SIGUSR2, d)
 open('/tmp/state', 'w').write('written before suspend')
 open('/tmp/ready', 'w').close()
 while True:
@@ -71,6 +77,16 @@ func query(t *testing.T, rt *runtime.Runtime, id string) (string, int) {
 	}
 	n, _ := strconv.Atoi(f[1])
 	return f[0], n
+}
+
+// dirty makes a node's program write 8 MiB of its heap.
+func dirty(t *testing.T, rt *runtime.Runtime, id string) {
+	t.Helper()
+	res, err := rt.Exec(ctx, mustGet(t, rt, id), runtime.ExecOptions{Args: []string{"sh", "-c",
+		`rm -f /tmp/d; kill -USR2 1; for i in $(seq 400); do [ -f /tmp/d ] && exit 0; sleep 0.05; done; exit 1`}, Timeout: 40 * time.Second})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("dirty %s: %v %+v", id, err, res)
+	}
 }
 
 func catFile(t *testing.T, rt *runtime.Runtime, id, path string) string {
@@ -325,13 +341,14 @@ func mustGet(t *testing.T, rt *runtime.Runtime, id string) *tree.Container {
 var _ = cgroup.Mode
 var _ = fsutil.RemoveAll
 
-// liveRAM sums the live nodes' RAM as the budget sees it.
+// liveRAM is the tree's RAM as the budget sees it.
 func liveRAM(tr *snaptree.Tree) int64 {
 	var n int64
 	for _, x := range tr.Nodes {
 		if x.State == snaptree.StateLive {
 			n += x.RAMBytes
 		}
+		n += x.SharedRAMBytes // keyframe files on tmpfs count whatever the node's state
 	}
 	return n
 }
@@ -347,6 +364,8 @@ func TestEvictionSuspendsLeastRecentlyActiveUnprotected(t *testing.T) {
 	}
 	a, b := forks[0].ID, forks[1].ID
 	// The root stays idle (and is the least recently active); a works, then b.
+	dirty(t, rt, a)
+	dirty(t, rt, b)
 	query(t, rt, a)
 	if tr, err = m.Get(ctx, tr.ID); err != nil {
 		t.Fatal(err)
@@ -394,7 +413,7 @@ func TestEvictionSuspendsLeastRecentlyActiveUnprotected(t *testing.T) {
 	if !errors.As(err, &ob) {
 		t.Fatalf("fork over budget: %v, want OverBudgetError", err)
 	}
-	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "budget") {
+	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "max_ram_bytes") {
 		t.Fatalf("error not one line naming the budget: %q", msg)
 	}
 	t.Logf("over budget: %v", err)

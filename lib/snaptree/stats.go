@@ -11,6 +11,8 @@ import (
 	"github.com/lazyfork/lazyfork/lib/budget"
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/memfile"
+	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
@@ -21,16 +23,22 @@ import (
 func (t *Tree) refresh(rt *runtime.Runtime) {
 	now := time.Now().UTC()
 	for _, n := range t.Nodes {
+		c, err := rt.Tree.Get(n.ID)
 		if n.State == StateSuspended {
 			n.RAMBytes = 0
+			if err == nil && n.HasKeyframe {
+				n.SharedRAMBytes = keyframeTmpfsBytes(c.Family, n.Keyframe)
+			}
 			continue
 		}
-		c, err := rt.Tree.Get(n.ID)
 		if err != nil || rt.State(c) == tree.StateExited || c.State == tree.StateStopped {
 			n.State, n.RAMBytes = StateExited, 0
 			continue
 		}
 		n.State = StateLive
+		if n.HasKeyframe {
+			n.SharedRAMBytes = keyframeTmpfsBytes(c.Family, n.Keyframe)
+		}
 		if cg, err := runtime.Cgroup(c); err == nil {
 			if st, err := cg.Stats(); err == nil {
 				n.RAMBytes = int64(st.MemoryBytes)
@@ -119,18 +127,29 @@ func (t *Tree) tmpfsBytes(rt *runtime.Runtime) int64 {
 	return n
 }
 
-// budgetTree is the tree as lib/budget sees it. An exited node holds nothing live.
+// budgetTree is the tree as lib/budget sees it. An exited node holds nothing live and is
+// not evictable: it counts as suspended with no RAM.
 func (t *Tree) budgetTree() *budget.Tree {
 	bt := &budget.Tree{Budget: t.Budget.lib(), Nodes: map[string]*budget.Node{}}
 	for _, n := range t.Nodes {
-		st := budget.State(StateLive)
+		st, ram := budget.Live, n.RAMBytes
 		if n.State != StateLive {
-			st = budget.State(StateSuspended)
+			st, ram = budget.Suspended, 0
 		}
 		bt.Nodes[n.ID] = &budget.Node{ID: n.ID, Parent: n.Parent, State: st, Protected: n.Protected,
-			Keyframe: n.HasKeyframe, RAMBytes: n.RAMBytes, DiskBytes: n.DiskBytes, LastActive: n.LastActive.UnixNano()}
+			Keyframe: n.HasKeyframe, RAMBytes: ram, SharedRAMBytes: n.SharedRAMBytes, DiskBytes: n.DiskBytes,
+			SuspendBytes: n.suspendEstimate(), LastActive: n.LastActive.UnixNano()}
 	}
 	return bt
+}
+
+// suspendEstimate is what suspending n would write to disk: its RAM (its private pages
+// and what its dump captures) when live.
+func (n *Node) suspendEstimate() int64 {
+	if n.State != StateLive {
+		return 0
+	}
+	return n.RAMBytes
 }
 
 // cpuTicks is the CPU time (user+system, clock ticks) of every process in the group.
@@ -162,4 +181,23 @@ func cpuTicks(cg *cgroup.Cgroup) (uint64, bool) {
 		sum += u + st
 	}
 	return sum, true
+}
+
+// keyframeTmpfsBytes is what the memory files written for keyframe (named after it) hold
+// on tmpfs in family.
+func keyframeTmpfsBytes(family, keyframe string) int64 {
+	if family == "" || keyframe == "" {
+		return 0
+	}
+	files, err := memfile.FamilyFiles(filepath.Join(paths.Families(), family))
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, f := range files {
+		if strings.HasPrefix(f.Name, keyframe+"-") {
+			n += f.Bytes
+		}
+	}
+	return n
 }
