@@ -22,6 +22,7 @@ type cli struct {
 	Force         bool   `help:"Rewrite even if the image maps jemalloc, mimalloc or tcmalloc."`
 	NoFilePrivate bool   `help:"Leave copied-on-write library pages in the image (per-fork floor ~2 MB)."`
 	HugePages     bool   `help:"Make dense 2 MiB stretches of anonymous memory huge pages: forks map them without page tables (~0.4 MB less per working fork of a 256 MiB heap); the rewrite takes longer."`
+	KSM           bool   `name:"ksm" help:"Mark the memory files' mappings MADV_MERGEABLE so ksmd may merge the forks' identical pages (same tenant only: see docs/security.md)."`
 	Rebase        *bool  `help:"Force (or with --no-rebase forbid) writing fresh memory files for a fork's delta." negatable:""`
 	DryRun        bool   `help:"Print the plan (lf-inspect's JSON: each VMA's decision and why) and write nothing."`
 	Explain       bool   `help:"Tell on stderr what the rewrite found and what it does with it, and why."`
@@ -66,7 +67,7 @@ func run(ctx context.Context, c cli) error {
 			}{stagecmd.H(KindInspect), rep})
 		}
 	}
-	s, err = fork.Memfile(ctx, s, fork.MemfileOptions{Force: c.Force, NoFilePrivate: c.NoFilePrivate, Rebase: c.Rebase, HugePages: c.HugePages})
+	s, err = fork.Memfile(ctx, s, fork.MemfileOptions{Force: c.Force, NoFilePrivate: c.NoFilePrivate, Rebase: c.Rebase, HugePages: c.HugePages, KSM: c.KSM})
 	if err != nil {
 		return err
 	}
@@ -101,7 +102,7 @@ func rewriteRaw(ctx context.Context, c cli) error {
 		return err
 	}
 	res, err := memfile.Rewrite(ctx, memfile.Options{ImagesDir: dir, FamilyDir: fam, MountPath: mount,
-		ConvertFilePrivate: !c.NoFilePrivate, Prefix: "m", AllowAllocators: c.Force, HugePages: c.HugePages})
+		ConvertFilePrivate: !c.NoFilePrivate, Prefix: "m", AllowAllocators: c.Force, HugePages: c.HugePages, KSM: c.KSM})
 	if err != nil {
 		_ = os.Remove(fam) // only if still empty
 		return err

@@ -29,8 +29,11 @@ func (c *doctorCmd) Run(ctx context.Context, g *Globals) error {
 			continue
 		}
 		mark := "ok  "
-		if !ch.OK {
+		switch {
+		case !ch.OK:
 			mark = "FAIL"
+		case ch.Advisory:
+			mark = "note"
 		}
 		fmt.Printf("%s %-12s %s\n", mark, ch.Name, ch.Detail)
 		if ch.Fix != "" {

@@ -142,6 +142,8 @@ type Check struct {
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"`
 	Fix    string `json:"fix,omitempty"`
+	// Advisory checks inform and never fail (ok stays true): ksm.
+	Advisory bool `json:"advisory,omitempty"`
 }
 
 // Status is GET /v1/status: host facts, container totals and the daemon.

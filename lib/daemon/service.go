@@ -435,7 +435,7 @@ func (s *Service) Status(ctx context.Context) (*client.Status, error) {
 	}
 	st := &client.Status{Containers: len(rows), Root: paths.Root(), Run: paths.Run(), Daemon: s.Daemon}
 	for _, ch := range doctor.Run(ctx, paths.Run()) {
-		st.Host = append(st.Host, client.Check{Name: ch.Name, OK: ch.OK, Detail: ch.Detail, Fix: ch.Fix})
+		st.Host = append(st.Host, client.Check{Name: ch.Name, OK: ch.OK, Detail: ch.Detail, Fix: ch.Fix, Advisory: ch.Advisory})
 	}
 	for _, r := range rows {
 		st.Memory += r.MemoryBytes

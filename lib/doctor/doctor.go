@@ -13,6 +13,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/criu"
+	"github.com/lazyfork/lazyfork/lib/ksm"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 )
 
@@ -22,6 +23,8 @@ type Check struct {
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"`
 	Fix    string `json:"fix,omitempty"`
+	// Advisory checks inform and never fail doctor (OK stays true).
+	Advisory bool `json:"advisory,omitempty"`
 }
 
 // Run performs every check. runDir is the tmpfs state directory.
@@ -30,7 +33,20 @@ func Run(ctx context.Context, runDir string) []Check {
 		root(), criuVersion(ctx), criuCheck(ctx), criuSockets(ctx, runDir), overlayfs(), namespaces(), cgroups(),
 		tmpfs(runDir), userfaultfd(), tool("nsenter", "apt-get install util-linux"),
 		tool("debootstrap", "apt-get install debootstrap (builds the offline default image)"),
+		ksmState(),
 	}
+}
+
+// ksmState is advisory: KSM is an opt-in per tree, and ksmd is the operator's to start.
+func ksmState() Check {
+	c := Check{Name: "ksm", OK: true, Advisory: true}
+	s, err := ksm.Read()
+	if err != nil {
+		c.Detail = err.Error()
+		return c
+	}
+	c.Detail, c.Fix = s.Summary()
+	return c
 }
 
 func root() Check {

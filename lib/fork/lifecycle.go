@@ -9,6 +9,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
+	"github.com/lazyfork/lazyfork/lib/ksm"
 	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/runtime"
@@ -31,6 +32,8 @@ type Options struct {
 	Copy bool
 	// HugePages: see memfile.Options.HugePages.
 	HugePages bool
+	// KSM marks the forks' memory mergeable (memfile.Options.KSM): opt-in per tree.
+	KSM bool
 }
 
 // Fork runs the whole pipeline on a container: dump it (it keeps running), move the
@@ -50,6 +53,12 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 		}
 		forks, err := Restore(ctx, rt, s, o.RestoreOptions)
 		return forks, s, err
+	}
+	// A MADV_MERGEABLE bit in the image fails CRIU's restore on a kernel without KSM.
+	if o.KSM {
+		if err := ksm.Available(); err != nil {
+			return nil, nil, fmt.Errorf("fork %s with ksm: %w: fork without ksm", c.Display(), err)
+		}
 	}
 	// Names are checked before the source is touched.
 	for _, n := range o.Names {
@@ -83,7 +92,7 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 		}
 		_ = Collect(rt)
 	}()
-	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages})
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages, KSM: o.KSM})
 	if o.Share {
 		// The source is gone since the dump: bring it back first, from the memory files
 		// if the rewrite worked, else from the plain image.
@@ -201,7 +210,7 @@ func resume(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stag
 // rewrite, the source moved onto the snapshot (Swap), then the forks. The source is never
 // lost: until Swap has a new source running, any failure thaws the old one as it was.
 func forkSwapped(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, o Options) ([]stage.Fork, *stage.Snapshot, error) {
-	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages})
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages, KSM: o.KSM})
 	if err != nil {
 		err = errors.Join(err, undoSwapDump(c, s))
 		_ = RemoveSnapshot(s)

@@ -28,6 +28,8 @@ type MemfileOptions struct {
 	Rebase *bool
 	// HugePages: see memfile.Options.HugePages.
 	HugePages bool
+	// KSM: see memfile.Options.KSM (a ksm tree's forks).
+	KSM bool
 }
 
 // Memfile moves a dumped snapshot's memory into its family's memory files on tmpfs.
@@ -75,6 +77,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 		Rebase:             rebase,
 		AllowAllocators:    o.Force,
 		HugePages:          o.HugePages,
+		KSM:                o.KSM,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("memfile %s: %w", s.ID, err)

@@ -79,6 +79,10 @@ type Options struct {
 	Rebase bool
 	// AllowAllocators rewrites even when Detect finds jemalloc, mimalloc or tcmalloc.
 	AllowAllocators bool
+	// KSM marks every VMA that maps a memory file MADV_MERGEABLE in the image: CRIU
+	// restores each VMA's madvise bits, so ksmd may merge the forks' identical private
+	// pages. Opt-in per tree, same tenant only (docs/security.md).
+	KSM bool
 }
 
 // Result describes what Rewrite did.
@@ -130,6 +134,7 @@ const (
 	statusFilePriv  = vmaAreaRegular | vmaFilePrivate
 	pePresent       = 1 << 2
 	madvWipeOnFork  = 1 << unix.MADV_WIPEONFORK
+	madvMergeable   = 1 << unix.MADV_MERGEABLE
 	anonPrivateFlag = unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
 )
 

@@ -501,6 +501,9 @@ func (r *rewriter) writeImages(ctx context.Context, undo *cleanup) error {
 			if v.out != nil {
 				r.pointAt(v)
 			}
+			if r.opts.KSM && (v.out != nil || v.act == actDelta) {
+				v.e.Madv = proto.Uint64(v.e.GetMadv() | madvMergeable)
+			}
 		}
 		if err := r.store(t.mmName, t.mmImg, undo); err != nil {
 			return err
