@@ -41,7 +41,7 @@ type CLI struct {
 	Thaw   thawCmd   `cmd:"" help:"Resume a frozen container."`
 	Delete deleteCmd `cmd:"" aliases:"rm" help:"Stop a container and remove everything it holds."`
 	List   listCmd   `cmd:"" aliases:"ls,ps" help:"List containers."`
-	Tree   treeCmd   `cmd:"" help:"Draw the lineage of forks."`
+	Tree   treeGroup `cmd:"" help:"Draw the lineage of forks (no subcommand), or manage snapshot trees."`
 	Stats  statsCmd  `cmd:"" help:"Memory, snapshot and timing figures of one container."`
 	GC     gcCmd     `cmd:"" name:"gc" help:"Remove memory files, layers and snapshots nothing references any more."`
 	Status statusCmd `cmd:"" help:"Host facts and container totals."`

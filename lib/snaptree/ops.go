@@ -100,6 +100,11 @@ func (o *op) event(kind, node string, nodes ...string) {
 // with runs f on tree ref, locked, and saves the tree after it (also on error: what
 // was done is recorded).
 func (m *Manager) with(ctx context.Context, ref string, f func(o *op) error) (*Tree, error) {
+	return m.withDropped(ctx, ref, false, f)
+}
+
+// withDropped is with that also runs f on a dropped tree when allowed (prune).
+func (m *Manager) withDropped(ctx context.Context, ref string, allowDropped bool, f func(o *op) error) (*Tree, error) {
 	id, err := m.resolveID(ref)
 	if err != nil {
 		return nil, err
@@ -113,9 +118,9 @@ func (m *Manager) with(ctx context.Context, ref string, f func(o *op) error) (*T
 		unlock()
 		return nil, err
 	}
-	if t.Dropped {
+	if t.Dropped && !allowDropped {
 		unlock()
-		return nil, fmt.Errorf("%w: %s; its state is kept in %s", ErrDropped, t.ID, t.Dir())
+		return nil, fmt.Errorf("%w: %s; its state is kept in %s (prune its root to delete it)", ErrDropped, t.ID, t.Dir())
 	}
 	o := &op{m: m, t: t, ctx: ctx, start: time.Now()}
 	if err := o.ensureCgroup(); err != nil {
@@ -788,10 +793,10 @@ type PruneResult struct {
 
 // Prune deletes node and its whole subtree: processes, records, snapshots, packed state,
 // memory files and layers nothing else needs (a file a live node outside the subtree maps
-// stays). Pruning the root removes the tree.
+// stays). Pruning the root removes the tree, a dropped one too.
 func (m *Manager) Prune(ctx context.Context, treeRef, node string) (*PruneResult, *Tree, error) {
 	res := &PruneResult{}
-	t, err := m.with(ctx, treeRef, func(o *op) error {
+	t, err := m.withDropped(ctx, treeRef, true, func(o *op) error {
 		n, _, err := o.node(node)
 		if err != nil {
 			return err

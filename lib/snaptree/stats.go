@@ -69,20 +69,17 @@ func (t *Tree) refresh(rt *runtime.Runtime) {
 		}
 	}
 	t.Usage = t.usage()
+	t.Usage.TmpfsBytes = t.tmpfsBytes(rt)
 }
 
-// usage measures the tree: live members, the tree cgroup's charge, the directory's
-// physical size, and its families' tmpfs bytes.
+// usage measures the tree: live members, the tree cgroup's charge and the directory's
+// physical size (refresh adds the families' tmpfs bytes).
 func (t *Tree) usage() Usage {
 	var u Usage
-	fams := map[string]bool{}
 	for _, n := range t.Nodes {
 		if n.State == StateLive {
 			u.Live++
 			u.RAMBytes += n.RAMBytes
-		}
-		for _, p := range n.Packed {
-			fams[p.Family] = true
 		}
 	}
 	if cg, err := cgroup.LoadOwned(t.Cgroup); err == nil {
@@ -91,9 +88,6 @@ func (t *Tree) usage() Usage {
 		}
 	}
 	u.DiskBytes = diskBytes(t.Dir())
-	for f := range fams {
-		u.TmpfsBytes += fork.FamilyBytes(f)
-	}
 	return u
 }
 
