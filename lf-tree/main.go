@@ -10,6 +10,7 @@ import (
 	"io"
 
 	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/snaptree"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/stagecmd"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -23,6 +24,37 @@ type cli struct {
 	Put      putCmd      `cmd:"" help:"Write a record read from a file or stdin (atomically)."`
 	Rm       rmCmd       `cmd:"" help:"Remove a record's directory; prints the record with removed: true."`
 	Children childrenCmd `cmd:"" help:"Print the records whose parent is the given container."`
+	Trees    treesCmd    `cmd:"" help:"Print every snapshot tree document (tree.json, kind lazyfork.tree) as JSON lines."`
+	Tree     treeDocCmd  `cmd:"" name:"tree" help:"Print one snapshot tree document (id, unique id prefix or name)."`
+}
+
+// treesCmd prints the snapshot trees' documents as their last operation wrote them
+// (lib/snaptree; lazyfork tree nodes measures them live).
+type treesCmd struct{}
+
+func (treesCmd) Run() error {
+	all, err := snaptree.ReadAll()
+	if err != nil {
+		return err
+	}
+	for _, t := range all {
+		if err := stagecmd.Print(t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type treeDocCmd struct {
+	Ref string `arg:""`
+}
+
+func (c treeDocCmd) Run() error {
+	t, err := snaptree.Read(c.Ref)
+	if err != nil {
+		return err
+	}
+	return stagecmd.Print(t)
 }
 
 // KindContainer is the document of one record.
@@ -139,7 +171,7 @@ func (c childrenCmd) Run(s *tree.Store) error {
 func main() {
 	var c cli
 	kctx := stagecmd.Parse(&c, "lf-tree", "Read and write LazyFork's container records (JSON lines on stdout).",
-		"lf-tree get c1 | lf-dump -\nlf-tree children c1 | jq -r .id")
+		"lf-tree get c1 | lf-dump -\nlf-tree children c1 | jq -r .id\nlf-tree tree t1 | jq '.nodes[] | select(.state == \"suspended\") | .id'")
 	stagecmd.Run("lf-tree", func(ctx context.Context) error {
 		dir := c.Dir
 		if dir == "" {

@@ -37,6 +37,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/budget"
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
 )
@@ -64,12 +65,12 @@ const (
 const NodeKind = "container"
 
 var (
-	// ErrNoTree: no tree matches the reference.
-	ErrNoTree = errors.New("no such tree")
-	// ErrNotMember: the node is not in the tree.
-	ErrNotMember = errors.New("not a node of this tree")
-	// ErrDropped: the tree was dropped; its state stays on disk.
-	ErrDropped = errors.New("tree was dropped")
+	// ErrNoTree: no tree matches the reference (exit status 3).
+	ErrNoTree = exitcode.NewNotFound("no such tree")
+	// ErrNotMember: the node is not in the tree (exit status 3).
+	ErrNotMember = exitcode.NewNotFound("not a node of this tree")
+	// ErrDropped: the tree was dropped; its state stays on disk (exit status 4).
+	ErrDropped = exitcode.Kind{Msg: "tree was dropped", Code: exitcode.InvalidState}
 )
 
 // Budget is a tree's budget in tree.json (lib/budget.Budget with JSON names).

@@ -165,6 +165,16 @@ func limits(b Budget) cgroup.Limits {
 	return cgroup.Limits{Memory: b.MaxRAMBytes + CgroupHeadroom, Pids: int64(b.MaxLive) * PidsPerLive}
 }
 
+// Read reads tree ref (id, unique id prefix or name) as written by its last operation,
+// without locking or measuring it (lf-tree).
+func Read(ref string) (*Tree, error) {
+	id, err := (&Manager{}).resolveID(ref)
+	if err != nil {
+		return nil, err
+	}
+	return readTree(id)
+}
+
 // resolveID finds a tree by id, unique id prefix or name.
 func (m *Manager) resolveID(ref string) (string, error) {
 	if treeIDRe.MatchString(ref) {
@@ -195,7 +205,10 @@ func (m *Manager) resolveID(ref string) (string, error) {
 }
 
 // List reads every tree, oldest first (figures as of their last operation).
-func (m *Manager) List() ([]*Tree, error) {
+func (m *Manager) List() ([]*Tree, error) { return ReadAll() }
+
+// ReadAll reads every tree, oldest first, as written by its last operation.
+func ReadAll() ([]*Tree, error) {
 	ents, err := os.ReadDir(TreesDir())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
