@@ -10,8 +10,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/memfile"
+	"github.com/lazyfork/lazyfork/lib/snapshot"
 	"github.com/lazyfork/lazyfork/lib/stagecmd"
 )
 
@@ -48,7 +48,7 @@ func run(ctx context.Context, c cli) error {
 	if c.Snapshot != "" && isRawImage(c.Snapshot) {
 		return rewriteRaw(ctx, c)
 	}
-	s, err := fork.ReadSnapshotArg(c.Snapshot)
+	s, err := snapshot.ReadSnapshotArg(c.Snapshot)
 	if err != nil {
 		return err
 	}
@@ -67,7 +67,7 @@ func run(ctx context.Context, c cli) error {
 			}{stagecmd.H(KindInspect), rep})
 		}
 	}
-	s, err = fork.Memfile(ctx, s, fork.MemfileOptions{Force: c.Force, NoFilePrivate: c.NoFilePrivate, Rebase: c.Rebase, HugePages: c.HugePages, KSM: c.KSM})
+	s, err = snapshot.Memfile(ctx, s, snapshot.MemfileOptions{Force: c.Force, NoFilePrivate: c.NoFilePrivate, Rebase: c.Rebase, HugePages: c.HugePages, KSM: c.KSM})
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -19,14 +18,15 @@ import (
 	cgroups "github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
 	"github.com/containerd/cgroups/v3/cgroup2"
+	"github.com/lazyfork/lazyfork/lib/cgroup/owned"
 	"golang.org/x/sys/unix"
 )
 
 // ParentEnv overrides the default parent when Create/Resolve get parent "".
-const ParentEnv = "LAZYFORK_CGROUP_PARENT"
+const ParentEnv = owned.ParentEnv
 
 // parentDir is the directory the default parent adds under the caller's own cgroup.
-const parentDir = "lazyfork"
+const parentDir = owned.ParentDir
 
 // ErrExists is returned by Create when the group exists in some hierarchy: a group that
 // may hold processes or be frozen must never be reused.
@@ -48,7 +48,7 @@ type Cgroup struct {
 	v2     *cgroup2.Manager
 }
 
-var validName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+var validName = owned.ValidName
 
 // Resolve computes the paths a group called name would have under parent ("" = $ParentEnv,
 // or else `lazyfork` under the caller's own cgroups) without touching the filesystem.

@@ -27,6 +27,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -61,19 +62,9 @@ type Options struct {
 	Force bool
 }
 
-// ValidatePath checks a hook path given to `lazyfork create --hook`.
-func ValidatePath(p string) error {
-	if p == "" {
-		return nil
-	}
-	if !path.IsAbs(p) || path.Clean(p) != p || p == "/" {
-		return fmt.Errorf("invalid hook path %q: give the absolute, clean path of a unix socket inside the container (e.g. /run/agent.sock)", p)
-	}
-	if len(path.Base(p)) > 100 {
-		return fmt.Errorf("invalid hook path %q: the socket's file name is too long for a unix socket", p)
-	}
-	return nil
-}
+// ValidatePath checks a hook path given to `lazyfork create --hook` (stage.ValidateHookPath:
+// records and snapshots carry it, and lib/stage checks them without linking this package).
+func ValidatePath(p string) error { return stage.ValidateHookPath(p) }
 
 // Quiesce tells c's runtime that a snapshot is about to be taken and waits for it to be
 // ready. A container without a hook returns at once. o.Force turns "no answer in time"

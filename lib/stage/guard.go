@@ -4,13 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
 
-	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/cgroup/owned"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
-	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
@@ -87,7 +87,7 @@ func CheckSnapshot(s *Snapshot) error {
 	if err := checkLower(s.Lower); err != nil {
 		return forged("snapshot "+s.ID, err)
 	}
-	if err := hook.ValidatePath(s.Hook); err != nil {
+	if err := ValidateHookPath(s.Hook); err != nil {
 		return forged("snapshot "+s.ID, err)
 	}
 	if s.Source.ID != "" && !validContainerID(s.Source.ID) {
@@ -131,7 +131,7 @@ func CheckRecord(c *tree.Container) error {
 		return forged(what, err)
 	}
 	if len(c.Cgroup) > 0 {
-		if err := cgroup.CheckOwned(c.Cgroup); err != nil {
+		if err := owned.Check(c.Cgroup); err != nil {
 			return forged(what, err)
 		}
 	}
@@ -144,11 +144,26 @@ func CheckRecord(c *tree.Container) error {
 	if c.Parent != "" && !validContainerID(c.Parent) {
 		return forged(what, fmt.Errorf("bad parent %q", c.Parent))
 	}
-	if err := hook.ValidatePath(c.Hook); err != nil {
+	if err := ValidateHookPath(c.Hook); err != nil {
 		return forged(what, err)
 	}
 	if err := checkNet(c.Bridge, c.Addr); err != nil {
 		return forged(what, err)
+	}
+	return nil
+}
+
+// ValidateHookPath checks a runtime hook path (`lazyfork create --hook`, a record's or a
+// snapshot's hook): the absolute, clean path of a unix socket inside the container.
+func ValidateHookPath(p string) error {
+	if p == "" {
+		return nil
+	}
+	if !path.IsAbs(p) || path.Clean(p) != p || p == "/" {
+		return fmt.Errorf("invalid hook path %q: give the absolute, clean path of a unix socket inside the container (e.g. /run/agent.sock)", p)
+	}
+	if len(path.Base(p)) > 100 {
+		return fmt.Errorf("invalid hook path %q: the socket's file name is too long for a unix socket", p)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package fork
+package snapshot
 
 import (
 	"context"
@@ -42,7 +42,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 	if s.State != stage.SnapDumped {
 		return nil, fmt.Errorf("memfile %s: snapshot is %s, not dumped (lf-memfile takes the output of lf-dump)", s.ID, s.State)
 	}
-	unlock, err := lockShared(ctx)
+	unlock, err := LockShared(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("memfile %s: %w", s.ID, err)
 	}
@@ -64,7 +64,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 	if o.Rebase != nil {
 		rebase = *o.Rebase
 	} else if s.Source.Depth > 0 {
-		shared := allocatedPages(s.FamilyDir)
+		shared := AllocatedPages(s.FamilyDir)
 		rebase = shared > 0 && float64(s.Dump.PagesWritten) > RebaseFraction*float64(shared)
 	}
 	res, err := memfile.Rewrite(ctx, memfile.Options{
@@ -135,8 +135,8 @@ func mountReadOnlyStack(lower []string, target string) error {
 	return nil
 }
 
-// allocatedPages counts the pages a family's files hold in RAM.
-func allocatedPages(dir string) int64 {
+// AllocatedPages counts the pages a family's files hold in RAM.
+func AllocatedPages(dir string) int64 {
 	ents, _ := os.ReadDir(dir)
 	var n int64
 	for _, e := range ents {

@@ -1,0 +1,55 @@
+package stagecmd_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// Each stage binary links only what its stage needs (`go list -deps`): the stages that
+// read or rewrite images and records carry no CRIU RPC, cgroup library, container
+// runtime or registry client, and no stage carries the daemon or its HTTP client.
+func TestStageDependencies(t *testing.T) {
+	const lf = "github.com/lazyfork/lazyfork/lib/"
+	heavy := []string{
+		"github.com/checkpoint-restore/go-criu/v8/rpc", "github.com/checkpoint-restore/go-criu/v7/rpc", lf + "criu",
+		"github.com/containerd/cgroups", lf + "cgroup",
+		lf + "runtime", lf + "fork", lf + "overlay", lf + "hook",
+		lf + "image", "github.com/google/go-containerregistry",
+	}
+	everyStage := []string{lf + "daemon", lf + "client"}
+	banned := map[string][]string{
+		"lf-memfile": heavy,
+		"lf-inspect": heavy,
+		"lf-tree":    heavy,
+		"lf-overlay": {"github.com/checkpoint-restore/", "github.com/containerd/cgroups", lf + "runtime", lf + "image", lf + "tree"},
+		"lf-cgroup":  {"github.com/checkpoint-restore/", lf + "runtime", lf + "image", lf + "tree", lf + "overlay"},
+		"lf-dump":    nil,
+		"lf-restore": nil,
+	}
+	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		t.Fatalf("go list -m: %v", err)
+	}
+	for stage, bans := range banned {
+		cmd := exec.Command("go", "list", "-deps", "./"+stage)
+		cmd.Dir = strings.TrimSpace(string(root))
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps ./%s: %v", stage, err)
+		}
+		deps := strings.Fields(string(out))
+		if len(deps) < 10 {
+			t.Fatalf("%s: only %d dependencies listed: %q", stage, len(deps), out)
+		}
+		for _, dep := range deps {
+			for _, b := range append(bans, everyStage...) {
+				// A banned path bans itself and what is below it (lib/cgroup bans
+				// lib/cgroup/v2...), except lib/cgroup/owned, the pure path check.
+				if (dep == b || strings.HasPrefix(dep, b+"/") || strings.HasSuffix(b, "/") && strings.HasPrefix(dep, b)) && dep != lf+"cgroup/owned" {
+					t.Errorf("%s links %s", stage, dep)
+				}
+			}
+		}
+	}
+}
