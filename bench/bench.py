@@ -201,6 +201,7 @@ class Bench:
         self.snaps = []  # snapshots.csv
         self.copies = []  # memfile_vs_copy.csv
         self.lineage = []  # lineage.csv
+        self.budget = []  # budget.csv: lib/budget's planning cost (pure Go, no containers)
         self.notes = []  # free-form findings for the summary
         self.env = {}
         self.share_flag = False
@@ -960,6 +961,25 @@ class Bench:
             self.repeat_rows(heap)
         self.share_rows(heap)
 
+    def budget_rows(self):
+        """What deciding costs on big snapshot trees: lib/budget's BenchmarkPlan (PlanEvict,
+        an 8-fork PlanAdd and a PlanResume on trees of 1,000 and 10,000 nodes, half live,
+        RAM at the budget), run with `go test -bench`."""
+        go = shutil.which("go") or "/usr/local/go/bin/go"
+        times = "20x" if self.smoke else "2s"
+        log(f"budget planning cost (go test -bench, {times} each)")
+        r = self.run([go, "-C", REPO, "test", "-run", "^$", "-bench", "^BenchmarkPlan$", "-benchmem", "-benchtime", times,
+                      "./lib/budget"], timeout=600, env=dict(os.environ, GOFLAGS="-buildvcs=false"))
+        pat = re.compile(r"^BenchmarkPlan/op=(\w+)/nodes=(\d+)\S*\s+(\d+)\s+([\d.]+) ns/op\s+([\d.]+) suspended"
+                         r"\s+(\d+) B/op\s+(\d+) allocs/op")
+        for line in r.stdout.splitlines():
+            m = pat.match(line)
+            if m:
+                self.budget.append(dict(op=m[1], nodes=int(m[2]), runs=int(m[3]), ms_per_plan=float(m[4]) / 1e6,
+                                        suspended=int(float(m[5])), bytes_per_plan=int(m[6]), allocs_per_plan=int(m[7])))
+        if len(self.budget) < 6:
+            raise RuntimeError(f"budget benchmark: {len(self.budget)} rows parsed from: {r.stdout[-1500:]}")
+
     def run_all(self):
         self.collect_env()
         self.clean_stale()
@@ -967,6 +987,7 @@ class Bench:
         log(f"{self.env['mode']} run, names {self.prefix}-*, results in {self.out}")
         for heap in self.cfg["heaps"]:
             self.heap_config(heap)
+        self.budget_rows()
         self.env["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
         self.env["duration_s"] = round(now() - self.started)
 
@@ -979,6 +1000,7 @@ class Bench:
         write_csv(self.out / "snapshots.csv", self.snaps)
         write_csv(self.out / "memfile_vs_copy.csv", self.copies)
         write_csv(self.out / "lineage.csv", self.lineage)
+        write_csv(self.out / "budget.csv", self.budget)
         # env.json also keeps what summary.py needs to re-render summary.md from this directory.
         (self.out / "env.json").write_text(json.dumps(dict(self.env, cfg=self.cfg, notes=self.notes,
                                                            smoke=self.smoke), indent=2) + "\n")

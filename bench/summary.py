@@ -357,6 +357,19 @@ def render(b):
                           f"cache and a `criu lazy-pages` daemon is started per restore), but the daemon then "
                           f"pushes every remaining page into the restored process ({r1.get('note') or 'see rows.csv'}), "
                           f"so after {cfg['settle']:.0f} s each restore holds a full copy of the heap, like a plain restore.")
+    bud = getattr(b, "budget", None)
+    if bud:
+        w("## Budget planning (lib/budget, pure)")
+        w("")
+        w("What lib/budget takes to decide, on trees of 1,000 and 10,000 nodes (every node with children "
+          "a keyframe, half the nodes live, live RAM at the budget): `evict` is PlanEvict (suspend the least "
+          "recently active until RAM is below 85% of the budget), `fork8` a PlanAdd of 8 forks, `resume` a "
+          "PlanResume. No containers: the daemon pays this per operation, on top of the suspensions it plans.")
+        w("")
+        w(table(["op", "nodes", "ms per plan", "nodes suspended", "KiB allocated", "allocs"],
+                [[r["op"], r["nodes"], ms(r["ms_per_plan"], 3), r["suspended"], f"{r['bytes_per_plan'] / 1024:.0f}",
+                  r["allocs_per_plan"]] for r in bud]))
+        w("")
     if b.notes:
         w("## Notes")
         w("")
@@ -364,7 +377,7 @@ def render(b):
             w(f"- {n}")
         w("")
     w("Files: rows.csv (one row per method, heap and N), forks.csv (every fork), snapshots.csv, "
-      "memfile_vs_copy.csv, lineage.csv, env.json; plots memory_vs_n.png, latency_vs_n.png, "
+      "memfile_vs_copy.csv, lineage.csv, budget.csv, env.json; plots memory_vs_n.png, latency_vs_n.png, "
       "family_ram.png, lineage.png, memfile_vs_copy.png.")
     w("")
     return "\n".join(out)
@@ -417,6 +430,7 @@ class _Run:
         self.env = env
         self.rows, self.copies, self.snaps, self.lineage = (
             _load(d / f) for f in ("rows.csv", "memfile_vs_copy.csv", "snapshots.csv", "lineage.csv"))
+        self.budget = _load(d / "budget.csv")
 
 
 def _load(path):
