@@ -211,6 +211,7 @@ const (
 	CodeNameInUse       = "name_in_use"           // 409
 	CodeInvalidState    = "invalid_state"         // 409: e.g. exec in a frozen or stopped container
 	CodeHookRefused     = "hook_refused"          // 409: the runtime answered ERR to QUIESCE/RESEED
+	CodeOverBudget      = "over_budget"           // 409: a tree operation cannot fit its budget even after eviction
 	CodeBusy            = "busy"                  // 409: another operation held the container past the wait
 	CodeTooLarge        = "too_large"             // 413
 	CodeAllocator       = "unsupported_allocator" // 422: retry with force

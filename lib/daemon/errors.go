@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/lazyfork/lazyfork/lib/budget"
 	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/guard"
@@ -49,6 +50,8 @@ func APIError(err error) *client.Error {
 		code, status = client.CodeHookNoAnswer, http.StatusGatewayTimeout
 	case errors.Is(err, hook.ErrRefused):
 		code, status = client.CodeHookRefused, http.StatusConflict
+	case errors.Is(err, budget.ErrOverBudget):
+		code, status = client.CodeOverBudget, http.StatusConflict
 	case errors.Is(err, context.Canceled):
 		code, status = client.CodeCanceled, 499
 	}
