@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/lazyfork/lazyfork/lib/ksm"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -14,6 +15,7 @@ import (
 type PrepareOptions struct {
 	Force     bool // see Options.Force
 	HugePages bool // see memfile.Options.HugePages
+	KSM       bool // see Options.KSM: a ksm tree's keyframes
 }
 
 // Prepare writes a keyframe of running c now: c is dumped, its memory moved into memory
@@ -25,11 +27,16 @@ type PrepareOptions struct {
 // stay while anything maps them. If c cannot be frozen for the swap (a stopped task), c
 // keeps running on its own memory and the snapshot is still a valid keyframe for forks.
 func Prepare(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o PrepareOptions) (*stage.Snapshot, error) {
+	if o.KSM {
+		if err := ksm.Available(); err != nil {
+			return nil, fmt.Errorf("prepare %s with ksm: %w: create the tree without ksm", c.Display(), err)
+		}
+	}
 	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Swap: true})
 	if err != nil {
 		return nil, err
 	}
-	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages})
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages, KSM: o.KSM})
 	if err != nil {
 		if s.Swap {
 			err = errors.Join(err, undoSwapDump(c, s))

@@ -171,3 +171,26 @@ func TestKSMOffByDefault(t *testing.T) {
 		}
 	}
 }
+
+// A ksm tree's keyframe (fork.Prepare with KSM) moves the container onto memory files
+// mapped mergeable.
+func TestPrepareKSM(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", workload}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, "the workload to fill its buffer", func() bool { return logHas(c, "ready") })
+	if n := mergeableVMAs(t, c); n != 0 {
+		t.Fatalf("%d mergeable mappings before the keyframe", n)
+	}
+	if _, err := fork.Prepare(ctx, rt, c, fork.PrepareOptions{KSM: true}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = rt.Tree.Get(c.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := mergeableVMAs(t, c); n == 0 {
+		t.Fatal("no mergeable mapping after a ksm keyframe")
+	}
+}
