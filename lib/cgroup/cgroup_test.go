@@ -15,17 +15,12 @@ import (
 	"time"
 
 	cgroups "github.com/containerd/cgroups/v3"
+	"github.com/lazyfork/lazyfork/lib/testutil/priv"
 )
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" || os.Getenv("LF_REQUIRE_PRIV") == "1" {
-		t.Fatal("needs root to create cgroups")
-	}
-	t.Skip("needs root to create cgroups")
+	priv.Root(t, "to create cgroups")
 }
 
 func testName(t *testing.T) string {

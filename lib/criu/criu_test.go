@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/testutil/priv"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,21 +23,12 @@ import (
 // make a missing requirement a failure.
 func requirePriv(t *testing.T) {
 	t.Helper()
-	must := os.Getenv("CI") == "true" || os.Getenv("LF_REQUIRE_PRIV") == "1"
-	miss := func(why string) {
-		if must {
-			t.Fatalf("privileged test cannot run: %s", why)
-		}
-		t.Skipf("skipping: %s", why)
-	}
-	if os.Geteuid() != 0 {
-		miss("needs root")
-	}
+	priv.Root(t, "CRIU dumps and restores")
 	if _, err := FindBinary(); err != nil {
-		miss(err.Error())
+		priv.Miss(t, err.Error())
 	}
 	if _, err := os.Stat("/usr/bin/python3"); err != nil {
-		miss("/usr/bin/python3 not installed")
+		priv.Miss(t, "/usr/bin/python3 not installed")
 	}
 }
 

@@ -27,6 +27,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/lazyfork/lazyfork/lib/testutil/priv"
 	"golang.org/x/sys/unix"
 )
 
@@ -34,13 +35,7 @@ import (
 // xattrs), unless CI insists on privileged tests.
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" || os.Getenv("LF_REQUIRE_PRIV") == "1" {
-		t.Fatal("this test needs root")
-	}
-	t.Skip("needs root: unpacking layers sets owners, device nodes and trusted.* xattrs")
+	priv.Root(t, "unpacking layers sets owners, device nodes and trusted.* xattrs")
 }
 
 func newStore(t *testing.T) *Store {

@@ -9,18 +9,13 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/lazyfork/lazyfork/lib/testutil/priv"
 	"golang.org/x/sys/unix"
 )
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" || os.Getenv("LF_REQUIRE_PRIV") == "1" {
-		t.Fatal("this test needs root (chown, root-owned state) and privileged tests are required here")
-	}
-	t.Skip("needs root: the state roots must be owned by root")
+	priv.Root(t, "the state roots must be owned by root (chown)")
 }
 
 // roots gives a test its own LAZYFORK_ROOT and LAZYFORK_RUN paths (not yet created)

@@ -12,6 +12,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/image"
 	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/testutil/priv"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -19,13 +20,7 @@ import (
 // (CI=true or LF_REQUIRE_PRIV=1).
 func RequireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" || os.Getenv("LF_REQUIRE_PRIV") == "1" {
-		t.Fatal("this test needs root and privileged tests are required here (CI/LF_REQUIRE_PRIV)")
-	}
-	t.Skip("needs root (namespaces, mounts, cgroups, CRIU)")
+	priv.Root(t, "namespaces, mounts, cgroups, CRIU")
 }
 
 // Eventually polls cond every 50 ms until it holds or timeout passes.
