@@ -30,7 +30,8 @@ type createCmd struct {
 	Memory     string `short:"m" help:"Memory limit of the container and each fork, in bytes with an optional k, m or g suffix (e.g. 512m)."`
 	PidsLimit  int64  `name:"pids-limit" help:"Most tasks (threads) the container and each fork may hold."`
 	Privileged bool   `help:"Run without confinement: every capability, no seccomp filter, no masked /proc paths, no device list (see docs/security.md)."`
-	Net        string `default:"none" enum:"none,host" help:"Network: none (a network namespace of its own, loopback only; each fork gets its own, so a server's port is free in every fork) or host (the host's network)."`
+	Net        string `default:"none" enum:"none,bridge,host" help:"Network: none (a network namespace of its own, loopback only; each fork gets its own, so a server's port is free in every fork), bridge (the same plus an address on the LazyFork bridge, LAZYFORK_BRIDGE and LAZYFORK_SUBNET; each fork gets its own address) or host (the host's network)."`
+	NAT        bool   `name:"nat" help:"With --net bridge: masquerade the container's (and its forks') traffic to the host's other networks; off by default, it reaches the host and other bridge containers only."`
 }
 
 func (c *createCmd) Run(ctx context.Context, g *Globals) error {
@@ -46,7 +47,7 @@ func (c *createCmd) Run(ctx context.Context, g *Globals) error {
 		return fmt.Errorf("--pids-limit %d: give a positive number of tasks", c.PidsLimit)
 	}
 	in, err := e.Create(ctx, client.CreateRequest{Image: c.Image, Name: c.Name, Command: dashdash(c.Command), Env: c.Env, Hook: c.Hook,
-		User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net}, os.Stderr)
+		User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net, NAT: c.NAT}, os.Stderr)
 	if err != nil {
 		return err
 	}
@@ -299,8 +300,8 @@ func (c *listCmd) Run(ctx context.Context, g *Globals) error {
 		}
 		nameW, parentW = max(nameW, len(r.Name)+2), max(parentW, len(parents[i])+2)
 	}
-	format := fmt.Sprintf(" %%-12s   %%-%ds %%-8s  %%-%ds %%5v %%8s %%5v %%11s\n", nameW, parentW)
-	head := fmt.Sprintf(format, "id", "name", "state", "parent", "depth", "pid", "procs", "memory")
+	format := fmt.Sprintf(" %%-12s   %%-%ds %%-8s  %%-%ds %%5v %%8s %%5v   %%-15s %%11s\n", nameW, parentW)
+	head := fmt.Sprintf(format, "id", "name", "state", "parent", "depth", "pid", "procs", "network", "memory")
 	fmt.Print(head)
 	fmt.Println(" " + strings.Repeat("─", len(head)-2))
 	var total int64
@@ -309,11 +310,19 @@ func (c *listCmd) Run(ctx context.Context, g *Globals) error {
 		if r.Pid > 0 {
 			pid = fmt.Sprint(r.Pid)
 		}
-		fmt.Printf(format, r.ID, dash(r.Name), r.State, parents[i], r.Depth, pid, r.Procs, humanBytes(r.MemoryBytes))
+		fmt.Printf(format, r.ID, dash(r.Name), r.State, parents[i], r.Depth, pid, r.Procs, network(r), humanBytes(r.MemoryBytes))
 		total += r.MemoryBytes
 	}
 	fmt.Printf(" %-*s%11s\n", len(head)-13, fmt.Sprintf("%d total", len(rows)), humanBytes(total))
 	return nil
+}
+
+// network is a row's network column: the address in bridge mode, else the mode.
+func network(r client.Info) string {
+	if r.Address != "" {
+		return r.Address
+	}
+	return dash(r.Net)
 }
 
 func dash(s string) string {

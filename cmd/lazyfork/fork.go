@@ -191,6 +191,15 @@ func (c *statsCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Printf("%s  %s  %s  depth %d  pid %d  procs %d\n", st.ID, dash(st.Name), st.State, st.Depth, st.Pid, st.Procs)
 	fmt.Printf("memory (cgroup)   %s  (rss %s, cache %s, kmem %s; mapped from files %s)\n",
 		humanBytes(st.MemoryBytes), humanBytes(int64(st.Rss)), humanBytes(int64(st.Cache)), humanBytes(int64(st.Kmem)), humanBytes(int64(st.MappedFile)))
+	if st.Address != "" {
+		nat := ""
+		if st.NAT {
+			nat = ", masqueraded (--nat)"
+		}
+		fmt.Printf("network           bridge: %s on %s%s\n", st.Address, st.Bridge, nat)
+	} else if st.Net != "" {
+		fmt.Printf("network           %s\n", st.Net)
+	}
 	if st.Family != "" {
 		fmt.Printf("family memory     %s in %s (shared by the family, on tmpfs)\n", humanBytes(st.FamilyBytes), st.Family)
 	}

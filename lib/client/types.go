@@ -23,6 +23,12 @@ type Info struct {
 	Command     []string  `json:"command"`
 	Created     time.Time `json:"created"`
 	Hook        string    `json:"hook,omitempty"`
+	// Net is the network mode (none, bridge, host); in bridge mode Address is the
+	// container's IPv4 address on Bridge, and NAT whether it is masqueraded.
+	Net     string `json:"net"`
+	Address string `json:"address,omitempty"`
+	Bridge  string `json:"bridge,omitempty"`
+	NAT     bool   `json:"nat,omitempty"`
 }
 
 // TreeNode is a container with its forks, for GET /v1/tree.
@@ -50,8 +56,11 @@ type CreateRequest struct {
 	PidsLimit int64 `json:"pids_limit,omitempty"`
 	// Privileged opts out of confinement (docs/security.md).
 	Privileged bool `json:"privileged,omitempty"`
-	// Net: "none" (default: a network namespace of its own, loopback only) or "host".
+	// Net: "none" (default: a network namespace of its own, loopback only), "bridge" (plus
+	// an address on the LazyFork bridge; forks get their own) or "host".
 	Net string `json:"net,omitempty"`
+	// NAT masquerades a bridge-mode container's traffic to the host's other networks.
+	NAT bool `json:"nat,omitempty"`
 }
 
 // HookOptions choose what happens when a runtime hook does not answer.

@@ -115,7 +115,7 @@ func (s *Service) Create(ctx context.Context, req client.CreateRequest, progress
 	c, err := s.RT.Create(ctx, runtime.CreateOptions{
 		Image: req.Image, Name: req.Name, Command: req.Command, Env: env, Hook: req.Hook, Progress: progress,
 		User: req.User, Memory: req.Memory, PidsLimit: req.PidsLimit, Privileged: req.Privileged,
-		Net: req.Net,
+		Net: req.Net, NAT: req.NAT,
 	})
 	if err != nil {
 		return nil, err
@@ -521,5 +521,6 @@ func (s *Service) info(c *tree.Container) *client.Info {
 		ID: in.ID, Name: in.Name, State: in.State, Parent: in.Parent, ParentName: in.ParentName,
 		Depth: in.Depth, Pid: in.Pid, Procs: in.Procs, MemoryBytes: in.MemoryBytes, Image: in.Image,
 		Command: in.Command, Created: in.Created, Hook: c.Hook,
+		Net: in.Net, Address: in.Address, Bridge: in.Bridge, NAT: in.NAT,
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -176,6 +178,17 @@ func TestForkHTTPServerInBridgeMode(t *testing.T) {
 	}
 	if in := rt.Inspect(grand); in.Net != runtime.NetBridge || in.Address != addrOf(t, grand) {
 		t.Errorf("inspect: net %q address %q, want bridge %s", in.Net, in.Address, addrOf(t, grand))
+	}
+	// Without --nat the subnet is all there is: no default route inside (read, not tried),
+	// and the bridge's forward drop rule in place on the host.
+	routes := execOut(t, rt, grand, "cat", "/proc/net/route")
+	for _, l := range strings.Split(routes, "\n")[1:] {
+		if f := strings.Fields(l); len(f) > 1 && f[1] == "00000000" {
+			t.Errorf("default route without --nat:\n%s", routes)
+		}
+	}
+	if rs, err := network.NATRules(); err != nil || !slices.Contains(rs, "lazyfork bridge "+rt.Network.Bridge) {
+		t.Errorf("no drop rule for the bridge: %q %v", rs, err)
 	}
 	// exec works in bridge mode and sees the container's own interface.
 	if got := execOut(t, rt, grand, "python3", "-c", "import socket; print(sorted(n for _, n in socket.if_nameindex()))"); got != "['eth0', 'lo']" {
@@ -352,6 +365,11 @@ func TestBridgeOutsideConnectionClosedInFork(t *testing.T) {
 // and every rule, then the table, goes with the containers. No packet is sent anywhere:
 // the rules are read back from the kernel.
 func TestBridgeNATRules(t *testing.T) {
+	fwd, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644) })
 	rt := bridgeRuntime(t, 24)
 	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Net: runtime.NetBridge, NAT: true, Command: []string{"sleep", "1000"}})
 	if err != nil {
@@ -377,6 +395,10 @@ func TestBridgeNATRules(t *testing.T) {
 	want(c.ID, 2) // masquerade + forward accept
 	if rules()["lazyfork bridge "+rt.Network.Bridge] != 1 {
 		t.Errorf("no forward drop rule for the bridge: %v", rules())
+	}
+	// Masquerading needs forwarding on; the test puts back what the host had.
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); err != nil || strings.TrimSpace(string(b)) != "1" {
+		t.Errorf("ip_forward: %q %v", b, err)
 	}
 	f := doFork(t, rt, c, 1)[0]
 	if !f.NAT || !mustGet(t, rt, c.ID).NAT {

@@ -221,7 +221,7 @@ func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc
 	return stage.Fork{
 		Kind: stage.KindFork, Version: stage.Version, ID: c.ID, Name: c.Name, Parent: c.Parent,
 		Depth: c.Depth, Pid: c.Pid, Hostname: c.Hostname, Snapshot: s.ID, Family: c.Family,
-		RestoreMs: restoreMs,
+		RestoreMs: restoreMs, Address: addrOnly(c.Addr),
 	}, nil
 }
 
@@ -308,6 +308,14 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 	c.State = tree.StateRunning
 	c.Owner = 0
 	return nil
+}
+
+// addrOnly is the address of a record's "10.88.0.2/16", "" if none.
+func addrOnly(cidr string) string {
+	if p, err := netip.ParsePrefix(cidr); err == nil {
+		return p.Addr().String()
+	}
+	return ""
 }
 
 // setHostname sets the hostname of pid's UTS namespace from a locked OS thread that is

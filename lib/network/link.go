@@ -20,12 +20,14 @@ type Attachment struct {
 	// ParentAddr, for a fork, is the address of the container it was forked from: sockets
 	// the fork inherits bound to it are parked, then closed (see CloseInherited).
 	ParentAddr string
+	// DefaultRoute routes everything beyond the subnet through the bridge (--nat).
+	DefaultRoute bool
 }
 
 // Attach gives the network namespace of pid (a container's init, still waiting to exec,
 // or the root of a restore before its sockets are restored) its network: loopback up, a
 // veth pair with the host end lfv<id> on the bridge (made if missing) and "eth0" inside
-// holding a.Addr, and a default route through the bridge. A host end left by an earlier
+// holding a.Addr, and with a.DefaultRoute a default route through the bridge. A host end left by an earlier
 // namespace of the same container (a swapped source) is replaced. On failure nothing of
 // it remains.
 func Attach(pid int, id string, a Attachment) (retErr error) {
@@ -78,6 +80,11 @@ func Attach(pid int, id string, a Attachment) (retErr error) {
 			if err := parkParentAddr(h, a.ParentAddr); err != nil {
 				return err
 			}
+		}
+		if !a.DefaultRoute {
+			// Without NAT nothing beyond the subnet would answer: with no route there, a
+			// lookup (DNS) fails at once instead of waiting for its timeout.
+			return nil
 		}
 		gw := Gateway(addr.Masked())
 		return h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(gw.AsSlice()), Scope: netlink.SCOPE_UNIVERSE})
@@ -174,6 +181,9 @@ func EnsureBridge(name string, subnet netip.Prefix) (netlink.Link, error) {
 			return nil, fmt.Errorf("bridge %s: add %s: %w", name, gw, err)
 		}
 	}
+	if err := GuardBridge(name); err != nil {
+		return nil, err
+	}
 	if err := netlink.LinkSetUp(l); err != nil {
 		return nil, fmt.Errorf("bridge %s: up: %w", name, err)
 	}
@@ -190,7 +200,7 @@ func RemoveBridge(name string) error {
 	if err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
-			return nil
+			return UnguardBridge(name)
 		}
 		return fmt.Errorf("look up bridge %s: %w", name, err)
 	}
@@ -200,7 +210,7 @@ func RemoveBridge(name string) error {
 	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("delete bridge %s: %w", name, err)
 	}
-	return nil
+	return UnguardBridge(name)
 }
 
 // checkNoOverlap refuses a subnet that overlaps a route of the host's own (other than

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -16,11 +15,14 @@ import (
 	"github.com/lazyfork/lazyfork/lib/paths"
 )
 
-// NAT lives in one nftables table of its own (ip lazyfork), made through netlink: every
-// rule carries a comment naming the container (or bridge) it is for, so removal deletes
-// exactly LazyFork's rules and the table goes with the last one. Nothing else on the host
-// (iptables, other nftables tables) is read or changed, except net.ipv4.ip_forward, which
-// masquerading needs and which the first --nat container turns on (it is left on).
+// LazyFork's rules live in one nftables table of its own (ip lazyfork), made through
+// netlink: every rule carries a comment naming the container (or bridge) it is for, so
+// removal deletes exactly LazyFork's rules and the table goes with the last one. Each
+// bridge has a rule dropping what its containers would have the host forward (they reach
+// the host's bridge address and each other only); a --nat container gets a forward accept
+// before it and a masquerade rule. Nothing else on the host (iptables, other tables) is
+// read or changed, except net.ipv4.ip_forward, which masquerading needs and which the
+// first --nat container turns on (it is left on; the drop rules keep the others in).
 const (
 	natTable      = "lazyfork"
 	natChain      = "postrouting"
@@ -31,10 +33,47 @@ const (
 func natComment(id string) string        { return commentPrefix + "nat " + id }
 func bridgeComment(bridge string) string { return commentPrefix + "bridge " + bridge }
 
+// GuardBridge makes sure the bridge's forward drop rule exists.
+func GuardBridge(bridge string) error {
+	if err := CheckBridge(bridge); err != nil {
+		return err
+	}
+	unlock, err := natLock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("guard bridge %s: %w", bridge, err)
+	}
+	defer c.CloseLasting()
+	t, _, fwd := chains(c)
+	existing, err := comments(c, t, fwd)
+	if err != nil {
+		return fmt.Errorf("guard bridge %s: %w", bridge, err)
+	}
+	if existing[bridgeComment(bridge)] {
+		return nil
+	}
+	// Not what stays on the bridge: with br_netfilter loaded, bridged packets between two
+	// containers pass the forward hook too, in and out by the bridge.
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, UserData: comment(bridgeComment(bridge)), Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(bridge)},
+		&expr.Verdict{Kind: expr.VerdictDrop},
+	}})
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("guard bridge %s: %w", bridge, err)
+	}
+	return nil
+}
+
 // AddNAT masquerades what the container id (address addr, on bridge) sends through any
-// other interface of the host, and lets the host forward it. A bridge with at least one
-// such container also gets a rule that drops what the others would send to be forwarded:
-// with forwarding on, they must still reach the host and the bridge only.
+// other interface of the host, and lets the host forward it (an accept placed before the
+// bridge's drop rule).
 func AddNAT(id, bridge, addr string) error {
 	if !idRe.MatchString(id) {
 		return fmt.Errorf("nat: bad container id %q", id)
@@ -82,25 +121,31 @@ func AddNAT(id, bridge, addr string) error {
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
 	}, append(saddr, &expr.Verdict{Kind: expr.VerdictAccept})...)})
-	if !existing[bridgeComment(bridge)] {
-		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, UserData: comment(bridgeComment(bridge)), Exprs: []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
-			&expr.Verdict{Kind: expr.VerdictDrop},
-		}})
-	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nat %s: add rules: %w", id, err)
 	}
 	return nil
 }
 
-// RemoveNAT deletes the rules AddNAT made for id (none is fine), the drop rule of a
-// bridge none of whose containers is masqueraded any more, and the table once empty.
+// RemoveNAT deletes the rules AddNAT made for id (none is fine), and the table once
+// empty.
 func RemoveNAT(id string) error {
 	if !idRe.MatchString(id) {
 		return fmt.Errorf("nat: bad container id %q", id)
 	}
+	return removeRules(natComment(id))
+}
+
+// UnguardBridge deletes the bridge's drop rule (the bridge is gone), and the table once
+// empty.
+func UnguardBridge(bridge string) error {
+	if err := CheckBridge(bridge); err != nil {
+		return err
+	}
+	return removeRules(bridgeComment(bridge))
+}
+
+func removeRules(which string) error {
 	unlock, err := natLock()
 	if err != nil {
 		return err
@@ -108,7 +153,7 @@ func RemoveNAT(id string) error {
 	defer unlock()
 	c, err := nftables.New()
 	if err != nil {
-		return fmt.Errorf("nat %s: %w", id, err)
+		return fmt.Errorf("remove %q rules: %w", which, err)
 	}
 	defer c.CloseLasting()
 	t, err := c.ListTableOfFamily(natTable, nftables.TableFamilyIPv4)
@@ -116,45 +161,27 @@ func RemoveNAT(id string) error {
 		if errors.Is(err, unix.ENOENT) {
 			return nil
 		}
-		return fmt.Errorf("nat %s: %w", id, err)
+		return fmt.Errorf("remove %q rules: %w", which, err)
 	}
 	rules, err := tableRules(c, t)
 	if err != nil {
-		return fmt.Errorf("nat %s: %w", id, err)
-	}
-	var left []*nftables.Rule
-	for _, r := range rules {
-		if ruleComment(r) == natComment(id) {
-			if err := c.DelRule(r); err != nil {
-				return fmt.Errorf("nat %s: %w", id, err)
-			}
-			continue
-		}
-		left = append(left, r)
-	}
-	// A bridge's drop rule stays while one of its containers is masqueraded: their
-	// forward accepts name the bridge in the rule, not the comment, so count by bridge.
-	natBridges := map[string]bool{}
-	for _, r := range left {
-		if strings.HasPrefix(ruleComment(r), commentPrefix+"nat ") && r.Chain.Name == forwardChain {
-			natBridges[ruleIifname(r)] = true
-		}
+		return fmt.Errorf("remove %q rules: %w", which, err)
 	}
 	empty := true
-	for _, r := range left {
-		if b, ok := strings.CutPrefix(ruleComment(r), commentPrefix+"bridge "); ok && !natBridges[b] {
-			if err := c.DelRule(r); err != nil {
-				return fmt.Errorf("nat %s: %w", id, err)
-			}
+	for _, r := range rules {
+		if ruleComment(r) != which {
+			empty = false
 			continue
 		}
-		empty = false
+		if err := c.DelRule(r); err != nil {
+			return fmt.Errorf("remove %q rules: %w", which, err)
+		}
 	}
 	if empty {
 		c.DelTable(t)
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nat %s: remove rules: %w", id, err)
+		return fmt.Errorf("remove %q rules: %w", which, err)
 	}
 	return nil
 }
@@ -234,16 +261,6 @@ func comment(s string) []byte { return userdata.AppendString(nil, userdata.TypeC
 func ruleComment(r *nftables.Rule) string {
 	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
 	return s
-}
-
-// ruleIifname is the interface a forward rule matches (its first comparison).
-func ruleIifname(r *nftables.Rule) string {
-	for _, e := range r.Exprs {
-		if cmp, ok := e.(*expr.Cmp); ok {
-			return strings.TrimRight(string(cmp.Data), "\x00")
-		}
-	}
-	return ""
 }
 
 // ifname pads an interface name as the kernel compares it.

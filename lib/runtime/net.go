@@ -67,7 +67,7 @@ func (r *Runtime) releaseNetwork(c *tree.Container) error {
 // attachment is what a container in bridge mode is given (parent: the address of the
 // container it was forked from, "" for itself).
 func attachment(c *tree.Container, parent string) network.Attachment {
-	return network.Attachment{Bridge: c.Bridge, Addr: c.Addr, ParentAddr: parent}
+	return network.Attachment{Bridge: c.Bridge, Addr: c.Addr, ParentAddr: parent, DefaultRoute: c.NAT}
 }
 
 // AttachNetwork prepares the network namespace of pid for c (bridge mode; nothing for the

@@ -128,6 +128,8 @@ type Fork struct {
 	Snapshot  string  `json:"snapshot"`
 	Family    string  `json:"family"`
 	RestoreMs float64 `json:"restore_ms"`
+	// Address is the fork's IPv4 address in bridge mode.
+	Address string `json:"address,omitempty"`
 }
 
 // ReadSnapshot decodes a snapshot document and checks its kind and version.

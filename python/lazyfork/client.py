@@ -159,9 +159,11 @@ class Client:
 
     def create(self, image, command=None, name=None, env=None, hook=None,
                user=None, memory=None, pids_limit=None, privileged=False,
-               net=None):
+               net=None, nat=False):
         """Create and start a container; returns its handle. memory is in bytes;
-        privileged=True opts out of confinement (docs/security.md)."""
+        privileged=True opts out of confinement (docs/security.md). net is "none"
+        (default), "bridge" (an address on the LazyFork bridge: ``address``) or "host";
+        nat=True masquerades a bridge container's traffic to the host's other networks."""
         body = {"image": image}
         if user is not None:
             body["user"] = user
@@ -172,7 +174,9 @@ class Client:
         if privileged:
             body["privileged"] = True
         if net:
-            body["net"] = net  # "none" (default) or "host"
+            body["net"] = net  # "none" (default), "bridge" or "host"
+        if nat:
+            body["nat"] = True
         if command is not None:
             body["command"] = list(command)
         if name is not None:
@@ -230,9 +234,15 @@ class Container:
         return self._info.get("name")
 
     def info(self):
-        """The live view: id, name, state, parent, depth, pid, procs, memory_bytes, ..."""
+        """The live view: id, name, state, parent, depth, pid, procs, memory_bytes, net,
+        address (bridge mode), ..."""
         self._info = self.client.request("GET", self._path())
         return self._info
+
+    @property
+    def address(self):
+        """The container's IPv4 address in bridge mode (None in the other modes)."""
+        return self.info().get("address")
 
     def fork(self, n=1, names=None, force=False, share=False, hook_force=False, hook_timeout=None, huge_pages=False,
              copy=False):
