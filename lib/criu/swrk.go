@@ -8,7 +8,10 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v8/rpc"
@@ -92,27 +95,71 @@ func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []str
 	cmd.ExtraFiles = []*os.File{server}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = criuEnv()
-	if res.kdat, err = start(cmd, kdatDir, joinProcs); err != nil {
-		return res, fmt.Errorf("start criu: %w", err)
+	// criu leads a process group of its own, so that what it forks (namespace helpers, tar,
+	// a half-restored tree) can be killed with it: killed alone, its children lived on as
+	// orphan "criu swrk" processes. Pdeathsig ends criu if we die without cancelling (a
+	// SIGKILLed lazyfork); it fires when the forking thread exits, so criu is started from
+	// a thread that stays locked until criu is reaped.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	type started struct {
+		kdat bool
+		err  error
 	}
+	startedCh, reaped := make(chan started, 1), make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		kdat, err := start(cmd, kdatDir, joinProcs)
+		startedCh <- started{kdat, err}
+		if err == nil {
+			<-reaped
+		}
+	}()
+	st := <-startedCh
+	if st.err != nil {
+		return res, fmt.Errorf("start criu: %w", st.err)
+	}
+	res.kdat = st.kdat
 	res.isolated = res.kdat
 	// Our copy of criu's end must go, so that a crashed criu reads as EOF, not a hang.
 	server.Close()
 
+	pid := cmd.Process.Pid
+	var mu sync.Mutex
+	exited := false
+	// killGroup kills criu and whatever it forked that is still in its group; never once
+	// criu is reaped (its pid, the group's id, could then be another's).
+	killGroup := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !exited {
+			_ = unix.Kill(-pid, unix.SIGKILL)
+		}
+	}
 	stop := make(chan struct{})
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
 		select {
 		case <-ctx.Done():
-			_ = cmd.Process.Kill()
+			killGroup()
 			_ = conn.SetDeadline(time.Now())
 		case <-stop:
 		}
 	}()
 	defer func() {
 		_ = conn.Close()
+		// Wait for criu's exit without reaping it, kill what it left in its group (nothing
+		// after a clean run), then reap.
+		var si unix.Siginfo
+		for unix.Waitid(unix.P_PID, pid, &si, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+		}
+		killGroup()
+		mu.Lock()
+		exited = true
+		mu.Unlock()
 		waitErr := cmd.Wait()
+		close(reaped)
 		close(stop)
 		<-watched
 		// A criu killed at the deadline after it answered did its work: not an error.
