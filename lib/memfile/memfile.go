@@ -129,6 +129,7 @@ const (
 	vmaFilePrivate  = 1 << 6
 	vmaFileShared   = 1 << 7
 	vmaAnonPrivate  = 1 << 9
+	vmaAreaGuard    = 1 << 16
 	statusAnon      = vmaAreaRegular | vmaAnonPrivate
 	statusHeap      = statusAnon | vmaAreaHeap
 	statusFilePriv  = vmaAreaRegular | vmaFilePrivate
@@ -345,6 +346,11 @@ func loadSet(dir string) (*imageSet, error) {
 func (t *task) split(dir string) error {
 	t.vmas = t.vmas[:0]
 	for _, v := range t.mm.GetVmas() {
+		// CRIU >= 4.2 appends ranges of MADV_GUARD_INSTALL pages as fake VMAs at the end of
+		// the list, over the real ones: they hold no pages and stay as they are.
+		if v.GetStatus()&vmaAreaGuard != 0 {
+			continue
+		}
 		if v.GetEnd() <= v.GetStart() || v.GetStart()%uint64(pageSize) != 0 || v.GetEnd()%uint64(pageSize) != 0 {
 			return fmt.Errorf("read image %s: bad VMA %#x-%#x", t.mmName, v.GetStart(), v.GetEnd())
 		}

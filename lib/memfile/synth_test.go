@@ -544,3 +544,29 @@ func TestInspectSynthetic(t *testing.T) {
 		t.Errorf("files %+v", rep.Files)
 	}
 }
+
+// CRIU >= 4.2 lists MADV_GUARD_INSTALL ranges as fake VMAs (status bit 16) after the real
+// ones, overlapping them (zdtm maps12): the rewrite leaves them in place, at the end.
+func TestGuardVMAsSynthetic(t *testing.T) {
+	img, family := t.TempDir(), shmDir(t)
+	tk := synthTask{pid: 1, vmas: []*vma.VmaEntry{
+		vmaE(0, 4, statusAnon, anonPrivateFlag, 0, 0),
+		vmaE(4, 8, statusAnon, anonPrivateFlag, 0, 0),
+		vmaE(1, 2, vmaAreaGuard, 0, 0, 0), // a guard page inside the first VMA
+		vmaE(4, 6, vmaAreaGuard, 0, 0, 0),
+	}, pm: []*pagemap.PagemapEntry{pmE(0, 1), pmE(6, 2)}}
+	tk.pages = append(append(page('a'), page('b')...), page('c')...)
+	writeSynth(t, img, nil, tk)
+	res, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, Prefix: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.VMAsConverted != 2 || res.PagesMoved != 3 {
+		t.Errorf("result %+v", res)
+	}
+	vmas := loadMM(t, img, 1)
+	if len(vmas) != 4 || vmas[2].GetStatus() != vmaAreaGuard || vmas[3].GetStatus() != vmaAreaGuard ||
+		vmas[2].GetStart() != base+ps || vmas[3].GetEnd() != base+6*ps {
+		t.Errorf("guard VMAs changed or moved: %v", vmas)
+	}
+}
