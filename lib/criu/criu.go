@@ -170,6 +170,11 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	t := rpc.CriuReqType_RESTORE
 	req := &rpc.CriuReq{Type: &t, Opts: opts}
+	logPath := filepath.Join(o.WorkDir, opts.GetLogFile())
+	// criu can hang after a fatal error (zdtm caps00: a restored task crashed, criu waits
+	// for it forever "Killing processes because of failure on restore"): once the log
+	// reports an error, criu gets ErrorGrace to exit before it is killed, not the deadline.
+	ctx, stalled := watchErrors(ctx, logPath, ErrorGrace)
 	var res result
 	if o.Service != nil && ownMountNS {
 		// A service restores detached under its worker (it refuses rst_sibling); the
@@ -179,7 +184,9 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	} else {
 		res, err = swrk(ctx, req, kdat, o.JoinCgroup, o.Notify)
 	}
-	logPath := filepath.Join(o.WorkDir, opts.GetLogFile())
+	if err != nil && stalled() {
+		err = fmt.Errorf("criu reported an error and did not exit within %v: %w", ErrorGrace, err)
+	}
 	if err != nil || !res.resp.GetSuccess() {
 		if !res.isolated {
 			unmountYardLeftovers(o.WorkDir) // criu unmounts its yard itself unless killed

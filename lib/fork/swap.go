@@ -19,6 +19,9 @@ import (
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
+// SwapRestoreTimeout bounds the restore of a swap, during which the source is frozen.
+var SwapRestoreTimeout = 30 * time.Second
+
 // Swap moves a source that Dump left frozen (DumpOptions.Swap) onto its snapshot: it
 // restores the source from s in place (same id, name, hostname, hook, limits; new host
 // pids, a new cgroup and an empty upper over the snapshot's layer, which is its old upper
@@ -76,7 +79,13 @@ func Swap(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.
 	}
 	c.Lower, c.RootFS, c.Work = s.Lower, newRoot, newWork
 	c.Family, c.MemDir = s.Family, s.FamilyDir
-	if err := startIn(ctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, nil, false); err != nil {
+	// The old source is frozen until this restore ends: it gets SwapRestoreTimeout, not
+	// the minute a fork's restore may take (a caller killed meanwhile would leave the source
+	// frozen until GC), and a criu that logged an error is killed sooner (criu.ErrorGrace).
+	rctx, cancel := context.WithTimeout(ctx, SwapRestoreTimeout)
+	err = startIn(rctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, nil, false)
+	cancel()
+	if err != nil {
 		return fmt.Errorf("swap %s: %w", c.Display(), err)
 	}
 	// Running, not just restored: the new init is alive a moment later.

@@ -11,6 +11,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/testutil"
+	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 // sqliteCounter writes a row per step through one connection held across forks: SQLite
@@ -228,4 +229,90 @@ func TestGCEndsTheGroupOfADeadSwapOfADeletedContainer(t *testing.T) {
 		t.Errorf("the group %s of the dead swap survived GC", cg.FreezerDir())
 		_ = cg.Remove()
 	}
+}
+
+// capsDropper's child drops CAP_SETPCAP from its bounding set (zdtm caps00): CRIU's
+// restorer trims the bounding set before capset(), which then refuses the inheritable set
+// confined containers have, and criu hangs "Killing processes because of failure on
+// restore".
+const capsDropper = `import ctypes, os, time, itertools
+libc = ctypes.CDLL(None, use_errno=True)
+if os.fork() == 0:
+    assert libc.prctl(24, 8, 0, 0, 0) == 0  # PR_CAPBSET_DROP, CAP_SETPCAP
+    while True:
+        time.sleep(1)
+for i in itertools.count():
+    print(i, flush=True)
+    time.sleep(0.1)
+`
+
+// A swap whose restore cannot finish is bounded: it ends within SwapRestoreTimeout (and a
+// criu that logged an error within criu.ErrorGrace, not the restore's minute), and the
+// source is thawed and counts on, with nothing left over.
+func TestSwapRestoreIsBounded(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	check := func(t *testing.T, src *tree.Container, took time.Duration, err error, limit time.Duration) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), "goes on as it was") {
+			t.Fatalf("fork: %v, want a failed swap that kept the source", err)
+		}
+		t.Logf("failed after %v: %v", took.Round(time.Millisecond), err)
+		if took > limit {
+			t.Errorf("the swap took %v with the source frozen, want under %v", took, limit)
+		}
+		if st := rt.State(src); st != tree.StateRunning {
+			t.Fatalf("after the failed swap the source is %s", st)
+		}
+		at := lastInt(src)
+		testutil.Eventually(t, 10*time.Second, "the source to count on", func() bool { return lastInt(src) > at+3 })
+	}
+
+	t.Run("deadline", func(t *testing.T) {
+		src := create(t, rt, "bounded", "python3", "-c", counterPy)
+		testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 3 })
+		before := leftovers(t, rt.Tree)
+		old := fork.SwapRestoreTimeout
+		fork.SwapRestoreTimeout = time.Millisecond // no restore is that fast
+		t.Cleanup(func() { fork.SwapRestoreTimeout = old })
+		begin := time.Now()
+		_, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
+		fork.SwapRestoreTimeout = old
+		check(t, src, time.Since(begin), err, fork.DumpTimeout)
+		if !strings.Contains(err.Error(), "deadline") {
+			t.Errorf("error does not name the deadline: %v", err)
+		}
+		if err := fork.GC(rt); err != nil {
+			t.Fatal(err)
+		}
+		if after := leftovers(t, rt.Tree); after != before {
+			t.Errorf("a swap past its deadline left things behind:\n before %s\n after  %s", before, after)
+		}
+	})
+
+	t.Run("criu hangs after an error", func(t *testing.T) {
+		src := create(t, rt, "caps", "python3", "-c", capsDropper)
+		testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 3 })
+		before := leftovers(t, rt.Tree)
+		begin := time.Now()
+		forks, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
+		if err == nil {
+			// The restore works (confinement no longer gives an inheritable set): nothing
+			// hangs, and the fork must count too.
+			f, _ := rt.Tree.Get(forks[0].ID)
+			n := len(lines(f))
+			testutil.Eventually(t, 10*time.Second, "the fork to count", func() bool { return len(lines(f)) > n+2 })
+			t.Logf("the restore of a process without CAP_SETPCAP in its bounding set works here")
+			return
+		}
+		check(t, src, time.Since(begin), err, fork.RestoreTimeout-10*time.Second)
+		if !strings.Contains(err.Error(), "did not exit within") {
+			t.Errorf("error does not say criu stalled after an error: %v", err)
+		}
+		if err := fork.GC(rt); err != nil {
+			t.Fatal(err)
+		}
+		if after := leftovers(t, rt.Tree); after != before {
+			t.Errorf("a stalled swap restore left things behind:\n before %s\n after  %s", before, after)
+		}
+	})
 }
