@@ -578,3 +578,108 @@ func TestForgedTreeDocument(t *testing.T) {
 		}
 	}
 }
+
+// Adopt a running container (it moves into the tree cgroup, whose limits derive from
+// the budget, and keeps its memory); rollback from a suspended node's packed keyframe;
+// drop suspends the live nodes and keeps the state; a dropped tree refuses operations
+// but can be pruned.
+func TestAdoptRollbackSuspendedDrop(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	m := &snaptree.Manager{RT: rt}
+	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "adoptee", Command: []string{"python3", "-c", prog}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, "program ready", func() bool {
+		res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: 10 * time.Second})
+		return err == nil && res.ExitCode == 0
+	})
+	h0, n0 := query(t, rt, c.ID)
+	b := snaptree.DefaultBudget()
+	b.MaxLive, b.MaxRAMBytes = 4, 512<<20
+	tr, err := m.Adopt(ctx, "adoptee", snaptree.CreateOptions{Name: "adopted", Budget: &b})
+	if err != nil {
+		t.Fatalf("adopt: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := os.Stat(tr.Dir()); err == nil {
+			if _, _, err := m.Prune(ctx, tr.ID, tr.Root); err != nil {
+				t.Errorf("cleanup prune: %v", err)
+			}
+		}
+	})
+	if tr.Root != c.ID || !nodeOf(t, tr, c.ID).HasKeyframe {
+		t.Fatalf("adopted tree: %+v", tr)
+	}
+	c = mustGet(t, rt, c.ID)
+	for k, p := range c.Cgroup {
+		if !strings.HasPrefix(p, tr.Cgroup[k]+"/") {
+			t.Fatalf("adopted container's cgroup %s:%s is not inside the tree's %s", k, p, tr.Cgroup[k])
+		}
+	}
+	if h, n := query(t, rt, c.ID); h != h0 || n != n0+1 {
+		t.Fatalf("adopted container: %s %d, want %s %d", h, n, h0, n0+1)
+	}
+	// The tree cgroup's limits derive from the budget.
+	tcg, err := cgroup.LoadOwned(tr.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tcg.V2 {
+		for file, want := range map[string]int64{
+			filepath.Join("/sys/fs/cgroup/memory", tr.Cgroup["memory"], "memory.limit_in_bytes"): b.MaxRAMBytes + snaptree.CgroupHeadroom,
+			filepath.Join("/sys/fs/cgroup/pids", tr.Cgroup["pids"], "pids.max"):                  int64(b.MaxLive) * snaptree.PidsPerLive,
+		} {
+			got, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.TrimSpace(string(got)) != strconv.FormatInt(want, 10) {
+				t.Errorf("%s = %s, want %d", file, got, want)
+			}
+		}
+	}
+	if _, err := m.Adopt(ctx, "adoptee", snaptree.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "already") {
+		t.Fatalf("adopting a tree's node again: %v", err)
+	}
+
+	// Rollback from a suspended node: its keyframe comes back from disk.
+	if _, tr, err = m.Suspend(ctx, tr.ID, tr.Root); err != nil {
+		t.Fatal(err)
+	}
+	kf := nodeOf(t, tr, tr.Root).Keyframe
+	if _, err := os.Stat(filepath.Join(paths.Snapshots(), kf)); err == nil {
+		t.Fatalf("the suspended root's keyframe stayed on tmpfs")
+	}
+	rb, tr, err := m.Rollback(ctx, tr.ID, tr.Root, "branch", "")
+	if err != nil {
+		t.Fatalf("rollback of a suspended node: %v", err)
+	}
+	if rb.From != kf || rb.Name != "branch" {
+		t.Fatalf("rollback node %+v", rb)
+	}
+	if h, _ := query(t, rt, rb.ID); h != h0 {
+		t.Fatalf("rollback heap %s, want %s", h, h0)
+	}
+
+	// Drop: the live branch is suspended, the state stays, the tree refuses operations.
+	res, tr, err := m.Drop(ctx, tr.ID)
+	if err != nil {
+		t.Fatalf("drop: %v", err)
+	}
+	if len(res.Suspended) != 1 || res.Suspended[0] != rb.ID || res.Dir != tr.Dir() || !tr.Dropped {
+		t.Fatalf("drop result %+v", res)
+	}
+	if _, err := os.Stat(filepath.Join(res.Dir, "tree.json")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cgroup.LoadOwned(tr.Cgroup); err == nil {
+		t.Fatal("tree cgroup left after drop")
+	}
+	if _, _, err := m.Resume(ctx, tr.ID, rb.ID); !errors.Is(err, snaptree.ErrDropped) {
+		t.Fatalf("resume in a dropped tree: %v", err)
+	}
+	if all, _ := m.List(); len(all) != 1 || !all[0].Dropped {
+		t.Fatalf("list after drop: %+v", all)
+	}
+}
