@@ -916,10 +916,11 @@ func (m *Manager) SetBudget(ctx context.Context, treeRef string, b Budget) (*Tre
 	}
 	return m.with(ctx, treeRef, func(o *op) error {
 		o.t.Budget = b
-		if err := o.ensureCgroup(); err != nil {
+		o.event("budget", "")
+		// Evicted first: a lower memory limit than the group's charge would fail.
+		if err := o.autoEvict(); err != nil {
 			return err
 		}
-		o.event("budget", "")
-		return o.autoEvict()
+		return o.ensureCgroup()
 	})
 }
