@@ -202,6 +202,7 @@ class Bench:
         self.copies = []  # memfile_vs_copy.csv
         self.lineage = []  # lineage.csv
         self.budget = []  # budget.csv: lib/budget's planning cost (pure Go, no containers)
+        self.tree = []  # tree.csv: snapshot tree operations (lazyfork tree)
         self.notes = []  # free-form findings for the summary
         self.env = {}
         self.share_flag = False
@@ -909,6 +910,71 @@ class Bench:
                 note="lazyfork fork SRC --name X; lazyfork exec X -- hostname, one after another" + (" (--copy)" if extra else "")))
             self.delete([f["id"] for f in forks] + [src["id"]])
 
+    # ---------- snapshot trees ----------
+
+    def tree_doc(self, tid):
+        return json.loads(self.lf("tree", "nodes", tid, "--json").stdout)
+
+    def tree_op(self, op, tid, node, heap, *args, before=None):
+        """Time one `lazyfork tree` operation on node and record a tree.csv row with what it
+        changed: RAM (tree cgroup + its memory files on tmpfs) and disk (the tree's directory)."""
+        b = before or self.tree_doc(tid)
+        t0 = now()
+        out = self.lf("tree", op, tid, *([node] if node else []), *args).stdout
+        ms = (now() - t0) * 1000
+        a = self.tree_doc(tid)
+        n = a["nodes"].get(node) or {}
+        ram = lambda d: d["usage"]["ram_bytes"] + d["usage"]["tmpfs_bytes"]  # noqa: E731
+        self.tree.append(dict(op=op, heap_mib=heap, node=node, ms=round(ms, 1),
+                              ram_before=ram(b), ram_after=ram(a),
+                              disk_before=b["usage"]["disk_bytes"], disk_after=a["usage"]["disk_bytes"],
+                              node_dirty_pages=n.get("dirty_pages"), node_keyframe_bytes=n.get("keyframe_bytes"),
+                              node_delta_bytes=n.get("delta_bytes"), note=" ".join(args)))
+        log(f"  tree {op} {node}: {ms:.0f} ms, RAM {fmt_mb(ram(b))} -> {fmt_mb(ram(a))}, "
+            f"disk {fmt_mb(b['usage']['disk_bytes'])} -> {fmt_mb(a['usage']['disk_bytes'])}")
+        return out, a
+
+    def tree_rows(self, heap):
+        """lazyfork tree on a node holding the heap: refresh of its keyframe (the whole heap,
+        then after a few seconds of divergence), suspend and resume (time, RAM freed, bytes
+        written), and eviction latency (set-budget below the tree's RAM)."""
+        name = self.name(f"h{heap}", "tree")
+        tid = self.lf("tree", "create", IMAGE, "--name", name, "--root-name", name + "-root", "--",
+                      "python3", "-c", AGENT, str(heap)).stdout.strip()
+        try:
+            root = self.tree_doc(tid)["root"]
+            deadline = now() + 120
+            while (self.info(root) or {}).get("memory_bytes", 0) < heap * MiB * 0.97:
+                if now() > deadline:
+                    raise RuntimeError(f"tree root: heap of {heap} MiB not resident after 120 s")
+                time.sleep(0.3)
+            # The keyframe written at create predates the heap: the first refresh writes it.
+            self.tree_op("prepare", tid, root, heap, "--refresh")
+            time.sleep(5)  # the agent writes a page a second: a few pages of divergence
+            self.tree_op("prepare", tid, root, heap, "--refresh")
+            # A fork maps the root's keyframe: suspending it frees its own pages only;
+            # suspending the root after it frees the heap (nothing live maps it then).
+            kid = self.lf("tree", "fork", tid, root).stdout.split()[0]
+            self.tree_op("suspend", tid, kid, heap)
+            self.tree_op("suspend", tid, root, heap)
+            self.tree_op("resume", tid, root, heap)
+            self.tree_op("resume", tid, kid, heap)
+            d = self.tree_doc(tid)
+            low = max(1, int((d["usage"]["ram_bytes"] + sum(n.get("shared_ram_bytes", 0) for n in d["nodes"].values())) * 0.8))
+            self.tree_op("set-budget", tid, "", heap, "--max-ram", str(low), before=d)
+            ev = [n for n, x in self.tree_doc(tid)["nodes"].items() if x["state"] == "suspended"]
+            self.tree[-1]["note"] = f"eviction to 85% of --max-ram {low}: suspended {len(ev)} node(s)"
+        finally:
+            self.lf("tree", "prune", tid, name + "-root", check=False)
+        self.notes.append(
+            f"snapshot tree, {heap} MiB node (tree.csv): keyframe refresh of the whole heap "
+            f"{self.tree[0]['ms']:.0f} ms, after {self.tree[1]['node_dirty_pages']} pages of divergence "
+            f"{self.tree[1]['ms']:.0f} ms ({fmt_mb(self.tree[1]['node_keyframe_bytes'])} written); "
+            f"suspend of the root (its fork suspended first) {self.tree[3]['ms']:.0f} ms freeing "
+            f"{fmt_mb(self.tree[3]['ram_before'] - self.tree[3]['ram_after'])} of RAM for "
+            f"{fmt_mb(self.tree[3]['disk_after'] - self.tree[3]['disk_before'])} more on disk, resume {self.tree[4]['ms']:.0f} ms; "
+            f"eviction (set-budget below the tree's RAM) {self.tree[6]['ms']:.0f} ms.")
+
     # ---------- the whole run ----------
 
     def heap_config(self, heap):
@@ -956,6 +1022,7 @@ class Bench:
             self.delete(kids)
         self.delete([src["id"]])
         if heap == self.cfg["target_heap"]:
+            self.tree_rows(heap)
             self.idle_rows(heap)
             self.confinement_rows(heap)
             self.repeat_rows(heap)
@@ -1001,6 +1068,7 @@ class Bench:
         write_csv(self.out / "memfile_vs_copy.csv", self.copies)
         write_csv(self.out / "lineage.csv", self.lineage)
         write_csv(self.out / "budget.csv", self.budget)
+        write_csv(self.out / "tree.csv", self.tree)
         # env.json also keeps what summary.py needs to re-render summary.md from this directory.
         (self.out / "env.json").write_text(json.dumps(dict(self.env, cfg=self.cfg, notes=self.notes,
                                                            smoke=self.smoke), indent=2) + "\n")

@@ -134,8 +134,9 @@ type Node struct {
 	HasKeyframe bool   `json:"has_keyframe"`
 	Keyframe    string `json:"keyframe,omitempty"`
 	Generation  int    `json:"generation"`
-	// KeyframeBytes were written into memory files for its keyframe; DeltaBytes are the
-	// physical bytes on disk of its suspended snapshot (images and its own files).
+	// KeyframeBytes are the physical bytes its keyframe wrote (the memory files named
+	// after it and its image); DeltaBytes are the physical bytes on disk of its suspended
+	// snapshot (images and layer).
 	KeyframeBytes int64 `json:"keyframe_bytes"`
 	DeltaBytes    int64 `json:"delta_bytes"`
 	// RAMBytes is its cgroup's charge when live (at the last look), or at suspend.

@@ -406,9 +406,8 @@ func (n *Node) setKeyframe(k *stage.Snapshot) {
 	n.HasKeyframe, n.Keyframe = true, k.ID
 	n.Generation++
 	n.DirtyPages = int64(k.Dump.PagesWritten)
-	if k.Memfile != nil {
-		n.KeyframeBytes = k.Memfile.BytesWritten
-	}
+	// Physical bytes, as written: the memory files named after it and its image.
+	n.KeyframeBytes = keyframeTmpfsBytes(k.Family, k.ID) + diskBytes(k.ImagesDir)
 }
 
 // ForkOptions tune a fork batch.
