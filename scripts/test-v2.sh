@@ -27,10 +27,12 @@
 #   LF_V2_TIMEOUT  hard limit for the whole VM in seconds (7200)
 #   LF_V2_PKG_TIMEOUT  per package, seconds (3000: make test's 25m is too short under TCG)
 #   LF_V2_TEST_ARGS    extra test binary flags, e.g. "-test.run=TestX -test.v"
-#   LF_V2_CGROUP_PARENT  LAZYFORK_CGROUP_PARENT for the tests (default /lazyfork-test.slice,
-#                  an empty group the guest delegates: the tests run inside a systemd-like
-#                  service group, which holds processes and so cannot get child groups with
-#                  controllers). Set it empty to test the product's default parent.
+#   LF_V2_CGROUP_PARENT  LAZYFORK_CGROUP_PARENT for the tests (default empty: the product's
+#                  default parent, /lazyfork on v2, while the tests run inside a systemd-like
+#                  service group that holds processes); e.g. /lazyfork-test.slice for an
+#                  empty group the guest makes
+#   LF_V2_TIME_SCALE   LF_TEST_TIME_SCALE in the guest: the factor the tests' deadlines are
+#                  stretched by (default 10 under TCG, 2 under KVM; no test asserts a time)
 #   LF_V2_ENV      extra VAR=value words for the tests
 #   LF_V2_PATCH    a patch (-p1) applied to the snapshot of the checkout that is built and
 #                  tested: try a fix in the VM without touching the working tree
@@ -209,7 +211,8 @@ PKGS='$entries'
 PKG_TIMEOUT='$pkg_timeout'
 TEST_ARGS='${LF_V2_TEST_ARGS:-}'
 EXTRA_ENV='${LF_V2_ENV:-}'
-CGROUP_PARENT='${LF_V2_CGROUP_PARENT-/lazyfork-test.slice}'
+CGROUP_PARENT='${LF_V2_CGROUP_PARENT:-}'
+TIME_SCALE='@TIME_SCALE@'
 EOF
 log "run prepared in $(since "$t")s: ${#testpkgs[@]} test binaries, checkout, binaries, image store"
 
@@ -227,10 +230,13 @@ fi
 kernel_args="console=ttyS0 quiet panic=1 systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all"
 kernel_args+=" rootfstype=virtiofs root=lfroot ro init=/sbin/lazyfork-v2-init"
 case $accel in
-kvm) accel_args=(-accel kvm -cpu host) kernel=$kdir/vmlinuz ;;
-tcg) accel_args=(-accel tcg,thread=multi -cpu max) kernel=$kdir/vmlinux ;;
+kvm) accel_args=(-accel kvm -cpu host) kernel=$kdir/vmlinuz scale=2 ;;
+tcg) accel_args=(-accel tcg,thread=multi -cpu max) kernel=$kdir/vmlinux scale=10 ;;
 *) log "LF_V2_ACCEL=$accel: want auto, kvm or tcg"; exit 2 ;;
 esac
+scale=${LF_V2_TIME_SCALE:-$scale}
+[[ $scale =~ ^[0-9]+(\.[0-9]+)?$ ]] || { log "LF_V2_TIME_SCALE=$scale: want a number"; exit 2; }
+sed -i "s/@TIME_SCALE@/$scale/" "$run/config"
 
 # --- boot -----------------------------------------------------------------------------
 nice -n 10 "$virtiofsd" --socket-path="$run/root.sock" -o source="$root" -o cache=always \

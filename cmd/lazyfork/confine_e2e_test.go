@@ -41,15 +41,30 @@ func TestCreateConfinementFlags(t *testing.T) {
 		}
 	}
 	cg := e.must(fmt.Sprintf("cat /proc/%d/cgroup", info.Pid))
+	checked := 0
 	for ctrl, want := range map[string]string{"memory": "memory.limit_in_bytes:67108864", "pids": "pids.max:50"} {
 		for _, l := range strings.Split(cg, "\n") {
-			if f := strings.SplitN(l, ":", 3); len(f) == 3 && f[1] == ctrl {
-				file, val, _ := strings.Cut(want, ":")
-				if got := e.must("cat /sys/fs/cgroup/" + ctrl + f[2] + "/" + file); got != val {
-					t.Errorf("%s = %s, want %s", file, got, val)
-				}
+			f := strings.SplitN(l, ":", 3)
+			if len(f) != 3 {
+				continue
+			}
+			file, val, _ := strings.Cut(want, ":")
+			dir := "/sys/fs/cgroup/" + ctrl + f[2]
+			switch {
+			case f[1] == ctrl:
+			case f[0] == "0" && f[1] == "" && strings.Contains(f[2], "/lazyfork/"): // a v2 group
+				dir, file = "/sys/fs/cgroup"+f[2], strings.Replace(file, "memory.limit_in_bytes", "memory.max", 1)
+			default:
+				continue
+			}
+			checked++
+			if got := e.must("cat " + dir + "/" + file); got != val {
+				t.Errorf("%s = %s, want %s", file, got, val)
 			}
 		}
+	}
+	if checked != 2 {
+		t.Errorf("found the memory and pids limits of %d groups in %q, want 2", checked, cg)
 	}
 	pid := e.must("lazyfork create lazyfork/debian:bookworm --privileged --json -- sleep 1000 | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"pid\"])'")
 	if st := e.must("grep -E '^(NoNewPrivs|Seccomp):' /proc/" + pid + "/status | tr -s '\\t ' ' '"); st != "NoNewPrivs: 0\nSeccomp: 0" {

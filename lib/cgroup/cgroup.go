@@ -1,8 +1,9 @@
 // Package cgroup gives each LazyFork container its own cgroup with memory and pids
 // accounting and a freezer: cgroup v2 where the host's v2 hierarchy offers memory and
 // pids, otherwise the v1 memory, pids and freezer hierarchies (hybrid hosts). Groups
-// live under a parent, by default `lazyfork` inside the caller's own cgroup of each
-// hierarchy; nothing outside that subtree is created or removed.
+// live under a parent directory called `lazyfork`: on v1 inside the caller's own cgroup
+// of each hierarchy, on v2 at the top of the hierarchy (see DefaultParentV2);
+// $LAZYFORK_CGROUP_PARENT overrides. Nothing outside that subtree is created or removed.
 package cgroup
 
 import (
@@ -51,7 +52,8 @@ type Cgroup struct {
 var validName = owned.ValidName
 
 // Resolve computes the paths a group called name would have under parent ("" = $ParentEnv,
-// or else `lazyfork` under the caller's own cgroups) without touching the filesystem.
+// or else the default: `lazyfork` under the caller's own cgroups on v1, DefaultParentV2 on
+// v2) without touching the filesystem.
 func Resolve(name, parent string) (*Cgroup, error) {
 	h, err := detectHost()
 	if err != nil {
@@ -109,9 +111,33 @@ func resolve(h host, v2 bool, name, parent string) (*Cgroup, error) {
 		if !ok {
 			return nil, fmt.Errorf("resolve cgroup: caller is in no %s cgroup", k)
 		}
-		c.Paths[k] = filepath.Join(p, parentDir, name)
+		if k == unified {
+			c.Paths[k] = filepath.Join(DefaultParentV2(p), name)
+		} else {
+			c.Paths[k] = filepath.Join(p, parentDir, name)
+		}
 	}
 	return c, nil
+}
+
+// SelfLeaf is the group a process sits in to let LazyFork use its delegated group on
+// cgroup v2: a process in <group>/lazyfork-self gets its containers in <group>/lazyfork
+// (for the daemon under systemd >= 254: DelegateSubgroup=lazyfork-self).
+const SelfLeaf = "lazyfork-self"
+
+// DefaultParentV2 is the default parent on cgroup v2 for a caller in group self
+// (relative to the v2 mount). v2 lets a group that holds processes enable no controllers
+// for its children, and the caller's own group always holds the caller (a login shell's
+// session scope holds the shell too; a service's group its main process), so the v1 rule
+// `<self>/lazyfork` cannot work there. The default is instead `/lazyfork` at the top of
+// the hierarchy the caller sees (the root cgroup may hold processes and still delegate),
+// or `<group>/lazyfork` when the caller sits in `<group>/lazyfork-self`, a leaf of a
+// group delegated to it. LazyFork never moves processes it did not start.
+func DefaultParentV2(self string) string {
+	if filepath.Base(self) == SelfLeaf {
+		return filepath.Join(filepath.Dir(self), parentDir)
+	}
+	return "/" + parentDir
 }
 
 // Create makes a new group called name under parent (see Resolve). It fails with
@@ -155,11 +181,11 @@ func (c *Cgroup) create(need []string) (retErr error) {
 				return fmt.Errorf("create cgroup parent %s: %w", filepath.Dir(dir), err)
 			}
 			if c.V2 {
-				if err := enableControllers(c.mounts[k].dir, filepath.Dir(c.Paths[k]), need); err != nil {
-					return err
-				}
+				err = enableControllers(c.mounts[k].dir, filepath.Dir(c.Paths[k]), need)
 			}
-			err = os.Mkdir(dir, 0o755)
+			if err == nil {
+				err = os.Mkdir(dir, 0o755)
+			}
 			if err == nil {
 				made = append(made, dir)
 				break
@@ -168,6 +194,9 @@ func (c *Cgroup) create(need []string) (retErr error) {
 				return fmt.Errorf("create cgroup %s:%s: %w", k, c.Paths[k], ErrExists)
 			}
 			if !errors.Is(err, os.ErrNotExist) || attempt == 2 {
+				if c.V2 && errors.Is(err, unix.EBUSY) {
+					return err // enableControllers' error names the problem and the fix
+				}
 				return fmt.Errorf("create cgroup %s: %w", dir, err)
 			}
 		}
@@ -221,8 +250,11 @@ func enableControllers(mountDir, rel string, need []string) error {
 			continue
 		}
 		if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte(strings.Join(add, " ")), 0); err != nil {
-			return fmt.Errorf("enable controllers %v in %s (a v2 group with processes cannot delegate; set %s to a delegated cgroup): %w",
-				add, d, ParentEnv, err)
+			if errors.Is(err, unix.EBUSY) {
+				return fmt.Errorf("enable controllers %v in %s: %w (cgroup v2 gives no controllers to the children of a group that holds processes: set %s to an empty delegated group, or run LazyFork in a %s leaf of one)",
+					add, d, err, ParentEnv, SelfLeaf)
+			}
+			return fmt.Errorf("enable controllers %v in %s: %w", add, d, err)
 		}
 	}
 	return nil

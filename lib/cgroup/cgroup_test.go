@@ -261,17 +261,31 @@ func TestCreateExistingFails(t *testing.T) {
 	}
 }
 
+// wantDefaultParent is the default parent the docs promise for hierarchy k: `lazyfork`
+// in the caller's own group on v1; on v2 `/lazyfork`, or `<g>/lazyfork` for a caller in
+// `<g>/lazyfork-self`.
+func wantDefaultParent(t *testing.T, k string) string {
+	own := ownPaths(t)[k]
+	if k != unified {
+		return filepath.Join(own, "lazyfork")
+	}
+	if filepath.Base(own) == "lazyfork-self" {
+		return filepath.Join(filepath.Dir(own), "lazyfork")
+	}
+	return "/lazyfork"
+}
+
 func TestDefaultParentIsOwnCgroup(t *testing.T) {
 	requireRoot(t)
+	t.Setenv(ParentEnv, "") // the product's default, whatever the test run sets
 	name := testName(t)
 	c, err := Create(name, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cleanupGroup(t, c)
-	own := ownPaths(t)
 	for _, k := range c.keys() {
-		want := filepath.Join(own[k], "lazyfork", name)
+		want := filepath.Join(wantDefaultParent(t, k), name)
 		if c.Paths[k] != want {
 			t.Errorf("%s path %s, want %s", k, c.Paths[k], want)
 		}
@@ -331,6 +345,7 @@ func TestParentOverride(t *testing.T) {
 // host the controller-less /sys/fs/cgroup/unified): freezer, kill and procs are core v2.
 func TestV2Hierarchy(t *testing.T) {
 	requireRoot(t)
+	t.Setenv(ParentEnv, "")
 	h, err := detectHost()
 	if err != nil {
 		t.Fatal(err)
@@ -350,7 +365,7 @@ func TestV2Hierarchy(t *testing.T) {
 		t.Fatal(err)
 	}
 	cleanupGroup(t, c)
-	if want := filepath.Join(ownPaths(t)[unified], "lazyfork", c.Name); c.Paths[unified] != want {
+	if want := filepath.Join(wantDefaultParent(t, unified), c.Name); c.Paths[unified] != want {
 		t.Fatalf("path %s, want %s", c.Paths[unified], want)
 	}
 	wantRoot := ":" + c.Paths[unified]

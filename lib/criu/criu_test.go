@@ -364,11 +364,18 @@ func TestDumpRestoreContainerKdat(t *testing.T) {
 	kdat := kdatTempDir(t)
 	d, img, root2, dumped := dumpContained(t, kdat)
 	t.Logf("dump: %+v", d)
-	if !d.KdatCache {
+	// Where /run is a tmpfs (systemd hosts, the test-v2 guest) criu caches its probes there
+	// itself and LazyFork starts no kdat namespace (kdat.go): those checks do not apply.
+	var fs unix.Statfs_t
+	runTmpfs := unix.Statfs("/run", &fs) == nil && fs.Type == unix.TMPFS_MAGIC
+	if runTmpfs {
+		t.Log("/run is a tmpfs: criu keeps its own cache there; the kdat namespace checks are skipped")
+	}
+	if !runTmpfs && !d.KdatCache {
 		t.Error("dump of a container did not use the kdat namespace")
 	}
 	caches, _ := filepath.Glob(filepath.Join(kdat, "kdat-*", "criu.kdat"))
-	if len(caches) != 1 {
+	if !runTmpfs && len(caches) != 1 {
 		t.Errorf("kdat cache files after dump: %v", caches)
 	}
 
@@ -397,7 +404,7 @@ func TestDumpRestoreContainerKdat(t *testing.T) {
 	}
 	killRestored(t, r)
 	t.Logf("restore: %+v", r)
-	if !r.KdatCache {
+	if !runTmpfs && !r.KdatCache {
 		t.Error("restore of a container did not use the kdat namespace")
 	}
 	assertNoBreakpoints(t, r.LogPath)

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 )
 
 // startService starts a service on a fresh cache dir and closes it after the test.
@@ -128,11 +130,11 @@ func TestServiceFailureLeavesNothing(t *testing.T) {
 	}
 	root := 0
 	_, err := Restore(context.Background(), RestoreOptions{
-		ImagesDir: img, WorkDir: t.TempDir(), Timeout: time.Second, Service: s,
+		ImagesDir: img, WorkDir: t.TempDir(), Timeout: timescale.Scale(time.Second), Service: s,
 		Notify: func(script string, p int) error {
 			if script == "post-restore" {
 				root = p
-				time.Sleep(1500 * time.Millisecond) // the worker is killed meanwhile
+				time.Sleep(timescale.Scale(1500 * time.Millisecond)) // the worker is killed meanwhile
 			}
 			return nil
 		},
@@ -230,7 +232,7 @@ func serviceWorkers(t *testing.T, s *Service) []int {
 
 func testEventually(t *testing.T, ok func() bool, format string, args ...any) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(timescale.Scale(10 * time.Second))
 	for !ok() {
 		if time.Now().After(deadline) {
 			t.Fatalf(format, args...)

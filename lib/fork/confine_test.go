@@ -163,13 +163,33 @@ func procStatus(t *testing.T, pid int) string {
 	return strings.Join(keep, "\n")
 }
 
-func cgroupFile(t *testing.T, c *tree.Container, ctrl, file string) string {
+// cgroupFile reads a v1 limit file of c's cgroup, or its v2 equivalent on a v2 group:
+// memory.max for memory.limit_in_bytes, pids.max as is; v2 has no devices.list (the
+// rules are an eBPF program), so there it is what the rules let a process in c do.
+func cgroupFile(t *testing.T, rt *runtime.Runtime, c *tree.Container, ctrl, file string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", ctrl, c.Cgroup[ctrl], file))
+	path := filepath.Join("/sys/fs/cgroup", ctrl, c.Cgroup[ctrl], file)
+	if g, v2 := c.Cgroup["unified"]; v2 {
+		switch file {
+		case "memory.limit_in_bytes":
+			file = "memory.max"
+		case "devices.list":
+			return deviceAccess(t, rt, c)
+		}
+		path = filepath.Join("/sys/fs/cgroup", g, file)
+	}
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// deviceAccess is what the v2 eBPF device program lets a process exec'd in c do: mknod
+// of a block device (7:0), of a char device off the allow-list (1:1) and of one on it (1:3).
+func deviceAccess(t *testing.T, rt *runtime.Runtime, c *tree.Container) string {
+	t.Helper()
+	return execOut(t, rt, c, "sh", "-c", `for n in "b 7 0" "c 1 1" "c 1 3"; do if mknod /tmp/lf-dev $n 2>/dev/null; then r=ok; else r=refused; fi; rm -f /tmp/lf-dev; printf '%s:%s ' "$n" $r; done`)
 }
 
 // TestConfinedContainerAndForks: the escapes fail in a container and in its fork, a
@@ -197,7 +217,7 @@ func TestConfinedContainerAndForks(t *testing.T) {
 			t.Errorf("fork %s status:\n%s\nparent:\n%s", f.ID, got, want)
 		}
 		for _, cf := range [][2]string{{"memory", "memory.limit_in_bytes"}, {"pids", "pids.max"}, {"devices", "devices.list"}} {
-			if got, want := cgroupFile(t, f, cf[0], cf[1]), cgroupFile(t, src, cf[0], cf[1]); got != want {
+			if got, want := cgroupFile(t, rt, f, cf[0], cf[1]), cgroupFile(t, rt, src, cf[0], cf[1]); got != want {
 				t.Errorf("fork %s %s = %q, parent has %q", f.ID, cf[1], got, want)
 			}
 		}
@@ -205,8 +225,13 @@ func TestConfinedContainerAndForks(t *testing.T) {
 			t.Errorf("fork %s record: confine %v memory %d pids %d, parent's %v %d %d", f.ID, f.Confine, f.Memory, f.PidsLimit, src.Confine, src.Memory, src.PidsLimit)
 		}
 	}
-	if got := cgroupFile(t, src, "memory", "memory.limit_in_bytes"); got != fmt.Sprint(512<<20) {
+	if got := cgroupFile(t, rt, src, "memory", "memory.limit_in_bytes"); got != fmt.Sprint(512<<20) {
 		t.Errorf("memory.limit_in_bytes = %s, want %d", got, 512<<20)
+	}
+	if _, v2 := src.Cgroup["unified"]; v2 {
+		if got, want := cgroupFile(t, rt, src, "devices", "devices.list"), "b 7 0:refused c 1 1:refused c 1 3:ok"; got != want {
+			t.Errorf("v2 device access %q, want %q", got, want)
+		}
 	}
 	checkEscapesFail(t, "fork", runProbe(t, rt, a, other.Pid), true)
 
@@ -245,7 +270,7 @@ func TestStoppedAndStartedKeepsConfinement(t *testing.T) {
 	}
 	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(c) >= 3 })
 	want := procStatus(t, c.Pid)
-	limits := cgroupFile(t, c, "memory", "memory.limit_in_bytes") + " " + cgroupFile(t, c, "pids", "pids.max") + " " + cgroupFile(t, c, "devices", "devices.list")
+	limits := cgroupFile(t, rt, c, "memory", "memory.limit_in_bytes") + " " + cgroupFile(t, rt, c, "pids", "pids.max") + " " + cgroupFile(t, rt, c, "devices", "devices.list")
 	if _, err := fork.Stop(ctx, rt, c, hook.Options{}); err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +282,7 @@ func TestStoppedAndStartedKeepsConfinement(t *testing.T) {
 	if got := procStatus(t, c.Pid); got != want {
 		t.Errorf("after stop/start:\n%s\nbefore:\n%s", got, want)
 	}
-	got := cgroupFile(t, c, "memory", "memory.limit_in_bytes") + " " + cgroupFile(t, c, "pids", "pids.max") + " " + cgroupFile(t, c, "devices", "devices.list")
+	got := cgroupFile(t, rt, c, "memory", "memory.limit_in_bytes") + " " + cgroupFile(t, rt, c, "pids", "pids.max") + " " + cgroupFile(t, rt, c, "devices", "devices.list")
 	if got != limits {
 		t.Errorf("limits after stop/start %q, before %q", got, limits)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/testutil"
+	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -79,7 +80,7 @@ func lastInt(c *tree.Container) int {
 
 func execOut(t *testing.T, rt *runtime.Runtime, c *tree.Container, args ...string) string {
 	t.Helper()
-	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: args, Timeout: 30 * time.Second})
+	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: args, Timeout: timescale.Scale(30 * time.Second)})
 	if err != nil {
 		t.Fatalf("exec %v in %s: %v", args, c.ID, err)
 	}
@@ -91,7 +92,7 @@ func execOut(t *testing.T, rt *runtime.Runtime, c *tree.Container, args ...strin
 
 // tryExec is execOut for polling: it reports failure instead of failing the test.
 func tryExec(rt *runtime.Runtime, c *tree.Container, args ...string) string {
-	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: args, Timeout: 30 * time.Second})
+	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: args, Timeout: timescale.Scale(30 * time.Second)})
 	if err != nil || res.ExitCode != 0 {
 		return ""
 	}

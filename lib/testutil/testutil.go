@@ -13,6 +13,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/image"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/testutil/priv"
+	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -23,9 +24,11 @@ func RequireRoot(t testing.TB) {
 	priv.Root(t, "namespaces, mounts, cgroups, CRIU")
 }
 
-// Eventually polls cond every 50 ms until it holds or timeout passes.
+// Eventually polls cond every 50 ms until it holds or timeout (scaled by
+// $LF_TEST_TIME_SCALE, see timescale) passes.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	timeout = timescale.Scale(timeout)
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {

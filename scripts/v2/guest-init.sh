@@ -89,7 +89,11 @@ if [ -n "$CGROUP_PARENT" ]; then
 	mkdir -p "/sys/fs/cgroup$CGROUP_PARENT"
 	EXTRA_ENV="LAZYFORK_CGROUP_PARENT=$CGROUP_PARENT $EXTRA_ENV"
 	say "# LAZYFORK_CGROUP_PARENT=$CGROUP_PARENT (an empty, delegated group)"
+else
+	say "# LAZYFORK_CGROUP_PARENT unset: the product's default parent (/lazyfork on v2)"
 fi
+EXTRA_ENV="LF_TEST_TIME_SCALE=${TIME_SCALE:-1} $EXTRA_ENV"
+say "# LF_TEST_TIME_SCALE=${TIME_SCALE:-1}: test deadlines stretched for emulation"
 say "# tests run in cgroup ${svc#/sys/fs/cgroup} (root subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control); system.slice: $(cat /sys/fs/cgroup/system.slice/cgroup.subtree_control))"
 say "# criu: $(criu --version 2>&1 | head -1), $(criu check 2>&1 | tail -1)"
 # How much slower this machine is than the host (tests with fixed deadlines suffer).
@@ -150,7 +154,7 @@ for entry in $PKGS; do
 	# What a package leaves behind on the machine is a failure of its own.
 	left=$(awk '$5 ~ "^/(tmp|dev/shm|var/lib/lazyfork)/" {print $5}' /proc/self/mountinfo | head -5)
 	[ -n "$left" ] && say "# mounts left after $pkg: $left"
-	left=$(find $svc ${CGROUP_PARENT:+/sys/fs/cgroup$CGROUP_PARENT} -mindepth 1 -type d 2>/dev/null | head -5 | tr '\n' ' ')
+	left=$(find $svc /sys/fs/cgroup/lazyfork ${CGROUP_PARENT:+/sys/fs/cgroup$CGROUP_PARENT} -mindepth 1 -type d 2>/dev/null | head -5 | tr '\n' ' ')
 	[ -n "$left" ] && say "# cgroups left after $pkg: $left"
 done
 say "# $pass passed, $fail failed${failed:+:$failed} ($(awk -v a=$t0 -v b=$(cut -d' ' -f1 /proc/uptime) 'BEGIN{printf "%.0f", b-a}')s in the VM)"
