@@ -284,10 +284,17 @@ func TestDefaultParentIsOwnCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	cleanupGroup(t, c)
+	f, err := HostFacts()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, k := range c.keys() {
 		want := filepath.Join(wantDefaultParent(t, k), name)
 		if c.Paths[k] != want {
 			t.Errorf("%s path %s, want %s", k, c.Paths[k], want)
+		}
+		if f.DefaultParent[k] != filepath.Dir(want) {
+			t.Errorf("HostFacts default_parent %s = %q, want %s", k, f.DefaultParent[k], filepath.Dir(want))
 		}
 	}
 	if !c.V2 {

@@ -194,6 +194,9 @@ type Facts struct {
 	V2Mount       string            `json:"v2_mount,omitempty"`
 	V2Controllers []string          `json:"v2_controllers"`
 	Self          Paths             `json:"self"` // the caller's own cgroups (relative to mounts)
+	// DefaultParent is where Create("", name) puts groups for this caller, per hierarchy
+	// ($LAZYFORK_CGROUP_PARENT if set); empty if Create cannot work here.
+	DefaultParent Paths `json:"default_parent"`
 }
 
 // HostFacts describes where the controllers LazyFork needs live on this host.
@@ -213,7 +216,8 @@ func HostFacts() (Facts, error) {
 			f.V1Mounts[k] = m.dir
 		}
 	}
-	if v2, err := h.backend(); err != nil {
+	v2, err := h.backend()
+	if err != nil {
 		f.Problem = err.Error()
 	} else if v2 {
 		f.Backend = "v2"
@@ -222,6 +226,14 @@ func HostFacts() (Facts, error) {
 	}
 	if f.Self, err = h.selfPaths(); err != nil {
 		return f, err
+	}
+	f.DefaultParent = Paths{}
+	if f.Problem == "" {
+		if c, err := resolve(h, v2, "x", ""); err == nil {
+			for k, p := range c.Paths {
+				f.DefaultParent[k] = filepath.Dir(p)
+			}
+		}
 	}
 	return f, nil
 }

@@ -145,9 +145,9 @@ func cgroups() Check {
 	if f.Problem != "" {
 		return Check{Name: "cgroups", Detail: f.Problem, Fix: fix}
 	}
-	detail := fmt.Sprintf("%s host; containers use v2 (%s)", f.Mode, f.V2Mount)
+	detail := fmt.Sprintf("%s host; containers use v2 (%s) under %s", f.Mode, f.V2Mount, f.DefaultParent["unified"])
 	if f.Backend == "v1" {
-		detail = fmt.Sprintf("%s host; containers use v1 memory, pids, freezer", f.Mode)
+		detail = fmt.Sprintf("%s host; containers use v1 memory, pids, freezer under %s", f.Mode, f.DefaultParent["memory"])
 	}
 	return Check{Name: "cgroups", OK: true, Detail: detail}
 }
