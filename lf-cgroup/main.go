@@ -83,7 +83,7 @@ func (t *opCmd) open() (*cgroup.Cgroup, error) {
 
 type createCmd struct {
 	Name   string `arg:"" help:"Group name (a safe file name, e.g. the container id)."`
-	Parent string `help:"Parent cgroup path for every hierarchy (default: lazyfork under the caller's own cgroups)." env:"LAZYFORK_CGROUP_PARENT"`
+	Parent string `help:"Parent cgroup path for every hierarchy (default: lazyfork under the caller's own cgroups on v1, /lazyfork on v2)." env:"LAZYFORK_CGROUP_PARENT"`
 }
 
 func (c *createCmd) Run(w io.Writer) error {

@@ -22,7 +22,7 @@ import (
 type Globals struct {
 	Root         string `help:"Persistent state directory." env:"LAZYFORK_ROOT" default:"/var/lib/lazyfork"`
 	Run          string `help:"State directory on tmpfs (snapshots, memory files)." env:"LAZYFORK_RUN" default:"/dev/shm/lazyfork"`
-	CgroupParent string `help:"Parent cgroup path for containers (default: under this process's cgroup)." env:"LAZYFORK_CGROUP_PARENT"`
+	CgroupParent string `help:"Parent cgroup path for containers (default: lazyfork/ under this process's cgroup on v1, /lazyfork on v2; README, State on disk)." env:"LAZYFORK_CGROUP_PARENT"`
 	Socket       string `help:"Unix socket of the daemon; commands go through it when a daemon answers there." env:"LAZYFORK_SOCKET" default:"/run/lazyfork/lazyfork.sock"`
 	Local        bool   `help:"Run in this process even if a daemon is running." env:"LAZYFORK_LOCAL"`
 }
