@@ -14,6 +14,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/testutil"
+	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -100,10 +101,10 @@ func runProbe(t *testing.T, rt *runtime.Runtime, c *tree.Container, otherPid int
 	t.Helper()
 	execOut(t, rt, c, "sh", "-c", fmt.Sprintf("rm -f /tmp/probe.out; echo %d > /tmp/other-pid; touch /tmp/probe", otherPid))
 	var out string
-	for deadline := time.Now().Add(30 * time.Second); out == ""; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(timescale.Scale(30 * time.Second)); out == ""; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			l := logLines(c)
-			t.Fatalf("no probe results from %s after 30 s; alive %v; log ends %q", c.ID, runtime.Alive(c), l[max(0, len(l)-12):])
+			t.Fatalf("no probe results from %s after %v; alive %v; log ends %q", c.ID, timescale.Scale(30*time.Second), runtime.Alive(c), l[max(0, len(l)-12):])
 		}
 		out = tryExec(rt, c, "cat", "/tmp/probe.out")
 	}
@@ -239,11 +240,18 @@ func TestConfinedContainerAndForks(t *testing.T) {
 	// subprocess fine in every tick (each line: i heap_ok subprocess_rc rows).
 	execOut(t, rt, b, "rm", "/tmp/pause")
 	n := len(logLines(b))
-	testutil.Eventually(t, 30*time.Second, "sibling to go on", func() bool {
+	// Each tick checksums a 32 MiB heap: seconds apiece under emulation (make test-v2).
+	for deadline := time.Now().Add(timescale.Scale(60 * time.Second)); ; time.Sleep(50 * time.Millisecond) {
 		raw, _ := os.ReadFile(runtime.LogPath(b))
 		l := strings.Split(strings.TrimSpace(string(raw)), "\n")
-		return len(l) > n+20 && !strings.HasSuffix(l[len(l)-10], "paused")
-	})
+		if len(l) > n+20 && !strings.HasSuffix(l[len(l)-10], "paused") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sibling %s did not go on: %d log lines, %d when unpaused; alive %v; log ends %q",
+				b.ID, len(l), n, runtime.Alive(b), l[max(0, len(l)-5):])
+		}
+	}
 	raw, _ := os.ReadFile(runtime.LogPath(b))
 	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
 	for _, l := range lines[len(lines)-10:] {

@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	criu.MaybeKdatHelper()
 	runtime.MaybeInit()
 	runtime.MaybeCgexec()
+	// CRIU's deadlines bound hangs; under emulation (make test-v2) a 256 MB restore alone
+	// can take a minute.
+	fork.DumpTimeout, fork.RestoreTimeout = timescale.Scale(fork.DumpTimeout), timescale.Scale(fork.RestoreTimeout)
 	os.Exit(m.Run())
 }
 
