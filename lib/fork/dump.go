@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
@@ -139,6 +141,11 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	if swap {
 		if tid, _ := criu.StoppedTask(cg.FreezerDir()); tid != 0 {
 			swap = false // freezing first would hang on it (see criu.StoppedTask)
+		} else if pid, _ := unlinkedWithOtherNames(cg); pid != 0 {
+			// CRIU carries such a file by a hard link it makes beside the old name and
+			// deletes after the dump: in a swap the upper is the snapshot's layer by then,
+			// and the link would be gone from it (zdtm unlink_fstat03). A copy keeps it.
+			swap = false
 		} else {
 			// Recorded before the freeze: should this process die from here on, GC finds
 			// the snapshot's owner gone and gives the source back (recoverSwap).
@@ -225,6 +232,33 @@ func copyTree(src, dst string) error {
 		return fmt.Errorf("freeze layer: cp %s: %v: %s", src, err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// unlinkedWithOtherNames finds a process of the group holding open a file whose name was
+// removed while other hard links to it remain (CRIU's "link remap" case), and its path.
+func unlinkedWithOtherNames(cg *cgroup.Cgroup) (int, string) {
+	pids, err := cg.Procs()
+	if err != nil {
+		return 0, ""
+	}
+	for _, pid := range pids {
+		dir := fmt.Sprintf("/proc/%d/fd", pid)
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			target, err := os.Readlink(filepath.Join(dir, e.Name()))
+			if err != nil || !strings.HasPrefix(target, "/") || !strings.HasSuffix(target, " (deleted)") {
+				continue
+			}
+			var st unix.Stat_t
+			if unix.Stat(filepath.Join(dir, e.Name()), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 0 {
+				return pid, strings.TrimSuffix(target, " (deleted)")
+			}
+		}
+	}
+	return 0, ""
 }
 
 // liveAllocators looks for allocators that assume MADV_DONTNEED zero-fill in the maps of

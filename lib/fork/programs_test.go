@@ -47,6 +47,37 @@ for i in itertools.count():
 	}
 }
 
+// A file whose opened name was removed while another hard link remains (zdtm
+// unlink_fstat03) forks: CRIU carries it by a hard link it makes for the dump and deletes
+// afterwards, which a swap (the upper becoming the snapshot's layer) would lose.
+func TestForkFileUnlinkedWithOtherName(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import os, time, itertools
+os.makedirs("/srv", exist_ok=True)
+f = open("/srv/data", "w+"); f.write("0" * 1000); f.flush()
+os.link("/srv/data", "/srv/data.link"); os.unlink("/srv/data")
+for i in itertools.count():
+    f.seek(0)
+    print(i, os.fstat(f.fileno()).st_size, f.read(3), flush=True)
+    time.sleep(0.1)
+`
+	src := create(t, rt, "relinked", "python3", "-c", py)
+	testutil.Eventually(t, 10*time.Second, "the program to start", func() bool { return len(lines(src)) > 3 })
+	for gen := 1; gen <= 2; gen++ {
+		f := doFork(t, rt, src, 1)[0]
+		n := len(lines(f))
+		testutil.Eventually(t, 10*time.Second, "the fork to go on", func() bool { return len(lines(f)) > n+3 })
+		if last := lastLine(f); !strings.HasSuffix(last, " 1000 000") {
+			t.Errorf("fork %d's last line %q: the relinked file did not come back", gen, last)
+		}
+		n = len(lines(src))
+		testutil.Eventually(t, 10*time.Second, "the source to go on", func() bool { return len(lines(src)) > n+3 })
+		if last := lastLine(src); !strings.HasSuffix(last, " 1000 000") {
+			t.Errorf("source's last line %q after fork %d", last, gen)
+		}
+	}
+}
+
 // A stopped task (SIGSTOP) forks at once and stays stopped in the fork. The dump used to
 // hang on it in the frozen cgroup until its deadline, and left the source frozen.
 func TestForkStoppedTask(t *testing.T) {
