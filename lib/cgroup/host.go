@@ -1,7 +1,6 @@
 package cgroup
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 	"sync"
 
 	cgroups "github.com/containerd/cgroups/v3"
+	"github.com/moby/sys/mountinfo"
 )
 
 // v1Controllers are the v1 hierarchies LazyFork needs and creates groups in.
@@ -63,39 +63,23 @@ func detectHost() (host, error) {
 }
 
 func readCgroupMounts() (map[string]mount, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
 	if err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
-	defer f.Close()
 	mounts := map[string]mount{}
-	s := bufio.NewScanner(f)
-	s.Buffer(make([]byte, 64<<10), 1<<20)
-	for s.Scan() {
-		// id parent maj:min root mountpoint opts... - fstype source superopts
-		fields := strings.Fields(s.Text())
-		sep := slices.Index(fields, "-")
-		if sep < 5 || len(fields) < sep+4 {
-			continue
-		}
-		fstype := fields[sep+1]
-		if fstype != "cgroup2" && fstype != "cgroup" {
-			continue
-		}
-		m := mount{dir: unescape(fields[4]), root: unescape(fields[3])}
-		switch fstype {
+	for _, info := range ms {
+		m := mount{dir: info.Mountpoint, root: info.Root}
+		switch info.FSType {
 		case "cgroup2":
 			addMount(mounts, unified, m)
 		case "cgroup":
-			for _, opt := range strings.Split(fields[sep+3], ",") {
+			for _, opt := range strings.Split(info.VFSOptions, ",") { // the controllers
 				if isV1Key(opt) {
 					addMount(mounts, opt, m)
 				}
 			}
 		}
-	}
-	if err := s.Err(); err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
 	return mounts, nil
 }
@@ -108,10 +92,6 @@ func addMount(ms map[string]mount, key string, m mount) {
 	}
 	ms[key] = m
 }
-
-var mountUnescaper = strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
-
-func unescape(s string) string { return mountUnescaper.Replace(s) }
 
 // backend says which hierarchy Create uses: v2 where the v2 hierarchy offers memory and
 // pids, otherwise the v1 memory, pids and freezer hierarchies.

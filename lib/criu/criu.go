@@ -16,6 +16,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v8/rpc"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -360,20 +361,9 @@ func reapRoot(pid int) {
 }
 
 func parentOf(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
 		return 0
 	}
-	// The command name may contain spaces and parentheses: fields start after the last ')'.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return ppid
+	return st.PPid
 }

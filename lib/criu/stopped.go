@@ -1,11 +1,12 @@
 package criu
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/lazyfork/lazyfork/lib/procfs"
 )
 
 // StoppedTask returns the first task of the freezer group in dir that is stopped (SIGSTOP,
@@ -28,20 +29,12 @@ func StoppedTask(dir string) (int, string) {
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile("/proc/" + f + "/stat")
+		st, err := procfs.ReadStat(tid)
 		if err != nil {
 			continue // gone
 		}
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 || i+2 >= len(stat) {
-			continue
-		}
-		if s := stat[i+2]; s == 'T' || s == 't' {
-			comm := ""
-			if j := bytes.IndexByte(stat, '('); j >= 0 && j < i {
-				comm = string(stat[j+1 : i])
-			}
-			return tid, comm
+		if st.State == 'T' || st.State == 't' {
+			return tid, st.Comm
 		}
 	}
 	return 0, ""

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 
 	"github.com/google/renameio/v2"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -71,21 +72,8 @@ func IsMountPoint(path string) bool {
 		stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
 		return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
 	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return false
-	}
-	mounts, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, line := range splitLines(string(mounts)) {
-		f := fields(line)
-		if len(f) > 4 && unescapeMount(f[4]) == abs {
-			return true
-		}
-	}
-	return false
+	mounted, err := mountinfo.Mounted(path)
+	return err == nil && mounted
 }
 
 // WriteJSON writes v as indented JSON to path atomically (temp file, fsync, rename).
@@ -114,78 +102,19 @@ func ReadJSON(path string, v any) error {
 	return nil
 }
 
-func splitLines(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\n' {
-			out = append(out, s[start:i])
-			start = i + 1
-		}
-	}
-	if start < len(s) {
-		out = append(out, s[start:])
-	}
-	return out
-}
-
-func fields(s string) []string {
-	var out []string
-	cur := -1
-	for i := 0; i < len(s); i++ {
-		if s[i] == ' ' {
-			if cur >= 0 {
-				out = append(out, s[cur:i])
-				cur = -1
-			}
-		} else if cur < 0 {
-			cur = i
-		}
-	}
-	if cur >= 0 {
-		out = append(out, s[cur:])
-	}
-	return out
-}
-
-// unescapeMount undoes the octal escapes (\040 etc.) of /proc/self/mountinfo.
-func unescapeMount(s string) string {
-	out := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			v := (s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0')
-			out = append(out, v)
-			i += 3
-			continue
-		}
-		out = append(out, s[i])
-	}
-	return string(out)
-}
-
 // MountsUnder lists mount points at or below dir, deepest first (unmount order).
 func MountsUnder(dir string) []string {
 	if dir == "" {
 		return nil
 	}
 	abs, _ := filepath.Abs(dir)
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(abs))
 	if err != nil {
 		return nil
 	}
-	var out []string
-	for _, line := range splitLines(string(b)) {
-		f := fields(line)
-		if len(f) <= 4 {
-			continue
-		}
-		mp := unescapeMount(f[4])
-		if mp == abs || (len(mp) > len(abs) && mp[:len(abs)] == abs && mp[len(abs)] == '/') {
-			out = append(out, mp)
-		}
-	}
-	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
-		out[i], out[j] = out[j], out[i]
+	out := make([]string, 0, len(ms))
+	for i := len(ms) - 1; i >= 0; i-- { // mounted later, unmounted first
+		out = append(out, ms[i].Mountpoint)
 	}
 	return out
 }

@@ -21,10 +21,12 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/exitcode"
@@ -355,14 +357,15 @@ func (s *Store) sweepLayers(only []string, mounted map[string]bool) error {
 // in any mount namespace this process can see.
 func mountedLowerDirs() (map[string]bool, error) {
 	out := map[string]bool{}
-	files := []string{"/proc/self/mountinfo"}
+	pids := []int{0} // 0: this process's own namespace
 	seen := map[string]bool{}
 	if self, err := os.Readlink("/proc/self/ns/mnt"); err == nil {
 		seen[self] = true
 	}
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
-		if p.Name()[0] < '0' || p.Name()[0] > '9' {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
 			continue
 		}
 		ns, err := os.Readlink(filepath.Join("/proc", p.Name(), "ns/mnt"))
@@ -370,32 +373,33 @@ func mountedLowerDirs() (map[string]bool, error) {
 			continue
 		}
 		seen[ns] = true
-		files = append(files, filepath.Join("/proc", p.Name(), "mountinfo"))
+		pids = append(pids, pid)
 	}
-	for i, f := range files {
-		b, err := os.ReadFile(f)
+	for _, pid := range pids {
+		var ms []*mountinfo.Info
+		var err error
+		if pid == 0 {
+			ms, err = mountinfo.GetMounts(mountinfo.FSTypeFilter("overlay"))
+		} else {
+			ms, err = mountinfo.PidMountInfo(pid)
+		}
 		if err != nil {
-			if i == 0 {
+			if pid == 0 {
 				return nil, fmt.Errorf("read mounts: %w", err)
 			}
 			continue // the process exited
 		}
-		for _, line := range strings.Split(string(b), "\n") {
-			_, post, ok := strings.Cut(line, " - ")
-			if !ok {
+		for _, m := range ms {
+			if m.FSType != "overlay" {
 				continue
 			}
-			f := strings.Fields(post)
-			if len(f) < 3 || f[0] != "overlay" {
-				continue
-			}
-			for _, opt := range strings.Split(f[2], ",") {
+			for _, opt := range strings.Split(m.VFSOptions, ",") {
 				k, v, _ := strings.Cut(opt, "=")
 				if k != "lowerdir" && k != "upperdir" && k != "lowerdir+" {
 					continue
 				}
 				for _, d := range strings.Split(v, ":") {
-					out[unescapeOctal(d)] = true
+					out[unescapeOctal(d)] = true // super options keep the kernel's escapes
 				}
 			}
 		}

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -25,6 +24,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/procfs"
 	"github.com/lazyfork/lazyfork/lib/tree"
 	"golang.org/x/sync/errgroup"
 )
@@ -410,23 +410,14 @@ func (r *Runtime) startInit(cg *cgroup.Cgroup, cfg initConfig, prepare func(pid 
 // StartTime reads a process's start time (clock ticks since boot) from /proc, which
 // together with the pid identifies it even after pid reuse.
 func StartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
 		return 0, err
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 {
-		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
-	}
-	if f[0] == "Z" || f[0] == "X" {
+	if st.State == 'Z' || st.State == 'X' {
 		return 0, fmt.Errorf("process %d has exited", pid)
 	}
-	return strconv.ParseUint(f[19], 10, 64)
+	return st.StartTime, nil
 }
 
 // Alive reports whether the container's recorded init is still the same live process.

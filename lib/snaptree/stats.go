@@ -1,10 +1,7 @@
 package snaptree
 
 import (
-	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -13,6 +10,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/memfile"
 	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/procfs"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
@@ -155,24 +153,11 @@ func cpuTicks(cg *cgroup.Cgroup) (uint64, bool) {
 	}
 	var sum uint64
 	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		st, err := procfs.ReadStat(pid)
 		if err != nil {
 			continue
 		}
-		// Fields after the command (which may hold spaces) start after the last ')'.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 13 {
-			continue
-		}
-		// utime and stime are fields 14 and 15 of stat; f[0] is field 3.
-		u, _ := strconv.ParseUint(f[11], 10, 64)
-		st, _ := strconv.ParseUint(f[12], 10, 64)
-		sum += u + st
+		sum += st.UTime + st.STime
 	}
 	return sum, true
 }
