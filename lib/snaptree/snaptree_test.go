@@ -309,9 +309,30 @@ func TestTreeOperations(t *testing.T) {
 
 	// Prune a's subtree (a and aa): processes, records and packed state go; the rest
 	// of the tree keeps running.
+	tmpBeforePrune := tmpfsBytes()
+	pa, paa := mustGet(t, rt, a), mustGet(t, rt, aa[0].ID)
 	pr, tr, err := m.Prune(ctx, tr.ID, a)
 	if err != nil {
 		t.Fatalf("prune: %v", err)
+	}
+	// a's packed keyframe goes from disk; their processes' RAM with their cgroups; on
+	// tmpfs nothing is left that nothing needs.
+	t.Logf("prune a's subtree: tmpfs %d -> %d bytes (reported freed %d), disk freed %d", tmpBeforePrune, tmpfsBytes(), pr.TmpfsFreed, pr.DiskFreed)
+	if pr.DiskFreed <= 0 {
+		t.Fatalf("pruning a (with a packed keyframe) freed no disk: %+v", pr)
+	}
+	for _, c := range []*tree.Container{pa, paa} {
+		if len(c.Cgroup) == 0 {
+			t.Fatalf("%s had no cgroup before the prune", c.ID)
+		}
+		for k, p := range c.Cgroup {
+			if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", k, p)); err == nil {
+				t.Fatalf("pruned %s's cgroup %s:%s is left", c.ID, k, p)
+			}
+		}
+	}
+	if freed, err := snaptree.FreeFamily(ctx, rt, mustGet(t, rt, tr.Root).Family); err != nil || freed != 0 {
+		t.Fatalf("after prune, %d bytes of memory files were still unneeded (%v)", freed, err)
 	}
 	if len(pr.Pruned) != 2 || tr.Nodes[a] != nil || tr.Nodes[aa[0].ID] != nil {
 		t.Fatalf("prune result %+v", pr)
