@@ -469,6 +469,11 @@ func (o *op) fork(ref string, fo ForkOptions) ([]*Node, error) {
 			return nil, err
 		}
 		dirty = int64(s.Dump.PagesWritten)
+		// Its forks map that snapshot's memory files: it is the node's keyframe now.
+		if n.Keyframe != s.ID {
+			n.HasKeyframe, n.Keyframe = true, s.ID
+			n.Generation++
+		}
 	case !n.HasKeyframe:
 		k, err := fork.Prepare(o.ctx, o.trt, c, fork.PrepareOptions{})
 		if err != nil {
@@ -739,8 +744,16 @@ func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tre
 			return nil
 		}
 		p := n.packed(RoleSuspend)
+		var s *stage.Snapshot
 		if p == nil {
-			return fmt.Errorf("resume %s: it is %s and was never suspended: nothing to resume from (prune it)", n.ID, n.State)
+			// Stopped but not packed (`lazyfork stop`, or a suspend whose process died
+			// before packing): its snapshot on tmpfs restarts it.
+			if c.State == tree.StateStopped {
+				s, _ = fork.LoadSnapshot(c.Snapshot)
+			}
+			if s == nil {
+				return fmt.Errorf("resume %s: it is %s and has no snapshot to resume from (prune it)", n.ID, n.State)
+			}
 		}
 		plan, err := o.t.budgetTree().PlanResume(n.ID, n.RAMBytes)
 		if err != nil {
@@ -749,9 +762,10 @@ func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tre
 		if err := o.execute(plan, "evict"); err != nil {
 			return err
 		}
-		s, err := o.t.unpack(ctx, *p)
-		if err != nil {
-			return err
+		if p != nil {
+			if s, err = o.t.unpack(ctx, *p); err != nil {
+				return err
+			}
 		}
 		if c.Snapshot != s.ID || c.State != tree.StateStopped {
 			return fmt.Errorf("resume %s: its record is %s on snapshot %q, not the packed %s", n.ID, c.State, c.Snapshot, s.ID)
@@ -760,7 +774,10 @@ func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tre
 			return err
 		}
 		n.State, n.LastActive = StateLive, time.Now().UTC()
-		if err := o.t.dropPacked(n, p.Snapshot); err != nil {
+		if s.ID == n.Keyframe && p != nil {
+			// Forks were made from the suspended state: it stays on disk as the keyframe.
+			p.Role = RoleKeyframe
+		} else if err := o.t.dropPacked(n, s.ID); err != nil {
 			return err
 		}
 		n.DeltaBytes = 0

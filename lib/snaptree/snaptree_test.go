@@ -15,6 +15,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
@@ -297,6 +298,22 @@ func TestTreeOperations(t *testing.T) {
 	}
 	if h, _ := query(t, rt, rb.ID); h != h0 {
 		t.Fatalf("rollback heap %s, want %s", h, h0)
+	}
+
+	// A node stopped behind the tree's back (`lazyfork stop`) shows exited and resumes
+	// from the snapshot it was stopped into.
+	hb, nb := query(t, rt, bf[0].ID)
+	if _, err := fork.Stop(ctx, rt, mustGet(t, rt, bf[0].ID), hook.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if tr, err = m.Get(ctx, tr.ID); err != nil || nodeOf(t, tr, bf[0].ID).State != snaptree.StateExited {
+		t.Fatalf("a stopped node shows %s (%v)", nodeOf(t, tr, bf[0].ID).State, err)
+	}
+	if _, tr, err = m.Resume(ctx, tr.ID, bf[0].ID); err != nil {
+		t.Fatalf("resume of a stopped node: %v", err)
+	}
+	if h, k := query(t, rt, bf[0].ID); h != hb || k != nb+1 {
+		t.Fatalf("stopped node after resume: %s %d, want %s %d", h, k, hb, nb+1)
 	}
 
 	// Protect / unprotect.
