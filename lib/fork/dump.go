@@ -204,7 +204,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 				moved = true
 				return nil
 			}
-			return copyTree(c.Upper, s.Layer)
+			return copyTree(ctx, c.Upper, s.Layer)
 		},
 	})
 	if err != nil {
@@ -224,10 +224,22 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	return s, nil
 }
 
+// LayerCopyTimeout bounds the copy of a container's upper directory, which runs while
+// its processes are frozen (CRIU's post-dump callback): a copy that hangs (a stuck file
+// system) fails the dump instead of keeping the source paused.
+var LayerCopyTimeout = time.Minute
+
 // copyTree copies an overlay upper directory with everything overlayfs keeps in it
 // (whiteout devices, opaque xattrs, ownership, hard links).
-func copyTree(src, dst string) error {
-	out, err := exec.Command("cp", "-a", "--one-file-system", src, dst).CombinedOutput()
+func copyTree(ctx context.Context, src, dst string) error {
+	ctx, cancel := context.WithTimeout(ctx, LayerCopyTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "cp", "-a", "--one-file-system", src, dst)
+	cmd.WaitDelay = time.Second // its output pipe may be held by nothing else; don't wait on it
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		return fmt.Errorf("freeze layer: cp %s did not finish within %v (the source stays paused while it runs): %w", src, LayerCopyTimeout, ctx.Err())
+	}
 	if err != nil {
 		return fmt.Errorf("freeze layer: cp %s: %v: %s", src, err, strings.TrimSpace(string(out)))
 	}

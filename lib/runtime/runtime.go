@@ -340,6 +340,10 @@ func mergeEnv(base, extra []string) []string {
 	return out
 }
 
+// InitTimeout bounds the container set-up helper: from its start to the exec of the
+// user's command.
+var InitTimeout = time.Minute
+
 // startInit re-executes this binary as the set-up helper in new namespaces, puts it in
 // the cgroup before it does anything, and waits until it has exec'd the user's command
 // (the error pipe closes on exec) or reported why it could not.
@@ -393,11 +397,19 @@ func (r *Runtime) startInit(cg *cgroup.Cgroup, cfg initConfig, prepare func(pid 
 			return fail(err)
 		}
 	}
+	// The helper gets InitTimeout to read its config and exec the command: one stuck
+	// (a hung mount) is killed instead of holding the caller forever.
+	deadline := time.Now().Add(InitTimeout)
+	_ = cfgW.SetWriteDeadline(deadline)
+	_ = errR.SetReadDeadline(deadline)
 	if err := json.NewEncoder(cfgW).Encode(cfg); err != nil {
 		return fail(fmt.Errorf("send init config: %w", err))
 	}
 	cfgW.Close()
-	msg, _ := io.ReadAll(errR)
+	msg, err := io.ReadAll(io.LimitReader(errR, 64<<10))
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fail(fmt.Errorf("container init did not start the command within %v", InitTimeout))
+	}
 	if len(msg) > 0 {
 		return fail(errors.New(string(msg)))
 	}
