@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -146,6 +147,11 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 			// deletes after the dump: in a swap the upper is the snapshot's layer by then,
 			// and the link would be gone from it (zdtm unlink_fstat03). A copy keeps it.
 			swap = false
+		} else if breakingLease(cg) {
+			// CRIU restores a lease being broken by breaking it again, and the signal that
+			// sends reaches the program (zdtm file_lease02-04): a swap would do that to the
+			// source itself. A copy leaves the source as it is.
+			swap = false
 		} else {
 			// Recorded before the freeze: should this process die from here on, GC finds
 			// the snapshot's owner gone and gives the source back (recoverSwap).
@@ -271,6 +277,31 @@ func unlinkedWithOtherNames(cg *cgroup.Cgroup) (int, string) {
 		}
 	}
 	return 0, ""
+}
+
+// breakingLease reports whether a process of the group holds a file lease that is being
+// broken (/proc/locks: "N: LEASE  BREAKING  TYPE PID ...").
+func breakingLease(cg *cgroup.Cgroup) bool {
+	b, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return false
+	}
+	pids, err := cg.Procs()
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || f[1] != "LEASE" || f[2] != "BREAKING" {
+			continue
+		}
+		for _, pid := range pids {
+			if f[4] == strconv.Itoa(pid) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // liveAllocators looks for allocators that assume MADV_DONTNEED zero-fill in the maps of

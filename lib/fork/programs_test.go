@@ -78,6 +78,40 @@ for i in itertools.count():
 	}
 }
 
+// A program whose file lease is being broken forks, and the source gets no second break
+// signal: a swap restored the source itself, and CRIU restores a breaking lease by
+// breaking it again (zdtm file_lease02-04 failed in the source on that signal).
+func TestForkBreakingLeaseLeavesSourceAlone(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import fcntl, os, signal, time, itertools
+n = [0]
+signal.signal(signal.SIGIO, lambda *a: n.__setitem__(0, n[0] + 1))
+os.makedirs("/srv", exist_ok=True)
+open("/srv/leased", "w").close()
+fd = os.open("/srv/leased", os.O_RDONLY)
+fcntl.fcntl(fd, 1024, fcntl.F_RDLCK)  # F_SETLEASE
+fcntl.fcntl(fd, 10, signal.SIGIO)     # F_SETSIG
+try:
+    os.open("/srv/leased", os.O_WRONLY | os.O_NONBLOCK)
+except BlockingIOError:
+    pass
+for i in itertools.count():
+    print(i, n[0], flush=True)
+    time.sleep(0.1)
+`
+	src := create(t, rt, "lease", "python3", "-c", py)
+	testutil.Eventually(t, 10*time.Second, "the lease to be breaking", func() bool { return strings.HasSuffix(lastLine(src), " 1") })
+	f := doFork(t, rt, src, 1)[0]
+	n := len(lines(f))
+	testutil.Eventually(t, 10*time.Second, "the fork to go on", func() bool { return len(lines(f)) > n+3 })
+	n = len(lines(src))
+	testutil.Eventually(t, 10*time.Second, "the source to go on", func() bool { return len(lines(src)) > n+5 })
+	if last := lastLine(src); !strings.HasSuffix(last, " 1") {
+		t.Errorf("source's last line %q: it got another lease-break signal from the fork", last)
+	}
+	t.Logf("fork's last line %q (CRIU breaks the lease again in a restored copy)", lastLine(f))
+}
+
 // A stopped task (SIGSTOP) forks at once and stays stopped in the fork. The dump used to
 // hang on it in the frozen cgroup until its deadline, and left the source frozen.
 func TestForkStoppedTask(t *testing.T) {
