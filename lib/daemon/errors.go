@@ -14,6 +14,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/image"
+	"github.com/lazyfork/lazyfork/lib/snaptree"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -52,6 +53,12 @@ func APIError(err error) *client.Error {
 		code, status = client.CodeHookRefused, http.StatusConflict
 	case errors.Is(err, budget.ErrOverBudget):
 		code, status = client.CodeOverBudget, http.StatusConflict
+	case errors.Is(err, snaptree.ErrNoTree), errors.Is(err, snaptree.ErrNotMember):
+		code, status = client.CodeNotFound, http.StatusNotFound
+	case errors.Is(err, snaptree.ErrDropped), errors.Is(err, budget.ErrState):
+		code, status = client.CodeInvalidState, http.StatusConflict
+	case errors.Is(err, budget.ErrInvalid):
+		code, status = client.CodeBadRequest, http.StatusBadRequest
 	case errors.Is(err, context.Canceled):
 		code, status = client.CodeCanceled, 499
 	}

@@ -117,6 +117,9 @@ func NewServer(svc *Service, cfg Config) *Server {
 		"POST /v1/clean":                   s.clean,
 		"POST /v1/shutdown":                s.shutdown,
 	}
+	for pattern, h := range s.treeRoutes() {
+		routes[pattern] = h
+	}
 	for pattern, h := range routes {
 		s.mux.HandleFunc(pattern, h)
 	}

@@ -46,6 +46,8 @@ type Service struct {
 
 	criuMu sync.Mutex
 	criu   *criu.Service // the daemon's long-lived criu; see restoreService
+
+	trees treeHub // snapshot trees (trees.go)
 }
 
 // NewService returns a service over rt.
@@ -92,36 +94,45 @@ func badRequest(format string, args ...any) *client.Error {
 
 // Create starts a new container.
 func (s *Service) Create(ctx context.Context, req client.CreateRequest, progress io.Writer) (*client.Info, error) {
-	if req.Image == "" {
-		return nil, badRequest("image is required")
-	}
-	if err := hook.ValidatePath(req.Hook); err != nil {
-		return nil, badRequest("%v", err)
-	}
-	if err := checkEnv(req.Env); err != nil {
+	o, err := s.createOptions(ctx, req, progress)
+	if err != nil {
 		return nil, err
 	}
-	// Resolved (or pulled) first, so that a missing image gets its own code.
-	if _, err := s.RT.Images.Get(ctx, req.Image, image.GetOptions{Progress: progress}); err != nil {
-		if errors.Is(err, image.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return nil, client.Errorf(http.StatusNotFound, client.CodeImageNotFound, "%v", err)
-		}
-		return nil, err
-	}
-	env := slices.Clone(req.Env)
-	if req.Hook != "" {
-		env = append([]string{hook.EnvVar + "=" + req.Hook}, env...)
-	}
-	c, err := s.RT.Create(ctx, runtime.CreateOptions{
-		Image: req.Image, Name: req.Name, Command: req.Command, Env: env, Hook: req.Hook, Progress: progress,
-		User: req.User, Memory: req.Memory, PidsLimit: req.PidsLimit, Privileged: req.Privileged,
-		Net: req.Net, NAT: req.NAT,
-	})
+	c, err := s.RT.Create(ctx, o)
 	if err != nil {
 		return nil, err
 	}
 	s.Events.Publish(client.Event{Type: client.EventCreate, ID: c.ID, Name: c.Name})
 	return s.info(c), nil
+}
+
+// createOptions checks a create request and resolves (or pulls) its image first, so
+// that a missing image gets its own code (a tree's root is created from the same).
+func (s *Service) createOptions(ctx context.Context, req client.CreateRequest, progress io.Writer) (runtime.CreateOptions, error) {
+	if req.Image == "" {
+		return runtime.CreateOptions{}, badRequest("image is required")
+	}
+	if err := hook.ValidatePath(req.Hook); err != nil {
+		return runtime.CreateOptions{}, badRequest("%v", err)
+	}
+	if err := checkEnv(req.Env); err != nil {
+		return runtime.CreateOptions{}, err
+	}
+	if _, err := s.RT.Images.Get(ctx, req.Image, image.GetOptions{Progress: progress}); err != nil {
+		if errors.Is(err, image.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return runtime.CreateOptions{}, client.Errorf(http.StatusNotFound, client.CodeImageNotFound, "%v", err)
+		}
+		return runtime.CreateOptions{}, err
+	}
+	env := slices.Clone(req.Env)
+	if req.Hook != "" {
+		env = append([]string{hook.EnvVar + "=" + req.Hook}, env...)
+	}
+	return runtime.CreateOptions{
+		Image: req.Image, Name: req.Name, Command: req.Command, Env: env, Hook: req.Hook, Progress: progress,
+		User: req.User, Memory: req.Memory, PidsLimit: req.PidsLimit, Privileged: req.Privileged,
+		Net: req.Net, NAT: req.NAT,
+	}, nil
 }
 
 func checkEnv(env []string) error {
