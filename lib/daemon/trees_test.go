@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -421,5 +423,97 @@ func TestTreeDaemonRestart(t *testing.T) {
 	}
 	if got := d.exec(a, "hostname"); got != a {
 		t.Errorf("hostname %q", got)
+	}
+}
+
+// The Python SDK's snapshot trees (lazyfork.tree), installed as pip installs it, against
+// the daemon: testdata/sdk_tree.py reports what it saw.
+func TestPythonTreeSDK(t *testing.T) {
+	d := newDaemon(t)
+	site := t.TempDir()
+	pip := exec.Command("python3", "-m", "pip", "install", "--quiet", "--no-index", "--target", site, filepath.Join(repoDir(), "python"))
+	if out, err := pip.CombinedOutput(); err != nil {
+		t.Fatalf("pip install ./python: %v\n%s", err, out)
+	}
+	cmd, _ := json.Marshal(counterCmd)
+	py := exec.Command("python3", filepath.Join(repoDir(), "lib", "daemon", "testdata", "sdk_tree.py"), image, string(cmd))
+	py.Dir = t.TempDir()
+	py.Env = append(os.Environ(), "LAZYFORK_SOCKET="+d.socket, "PYTHONPATH="+site)
+	var stderr bytes.Buffer
+	py.Stderr = &stderr
+	out, err := py.Output()
+	t.Cleanup(func() { // a failed script leaves its tree
+		m := &snaptree.Manager{RT: d.rt}
+		if all, _ := m.List(); len(all) > 0 {
+			for _, tr := range all {
+				_, _, _ = m.Prune(bg, tr.ID, tr.Root)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, stderr.String())
+	}
+	var r struct {
+		TreeID          string            `json:"tree_id"`
+		RootKeyframe    bool              `json:"root_keyframe"`
+		Budget          client.TreeBudget `json:"budget"`
+		Forks           []string          `json:"forks"`
+		ForkLabels      []string          `json:"fork_labels"`
+		ForkHostname    string            `json:"fork_hostname"`
+		Suspended       string            `json:"suspended"`
+		SuspendedState  string            `json:"suspended_state"`
+		Resumed         string            `json:"resumed"`
+		ResumedHostname string            `json:"resumed_hostname"`
+		Protected       bool              `json:"protected"`
+		Unprotected     bool              `json:"unprotected"`
+		RollbackParent  string            `json:"rollback_parent"`
+		Nodes           []string          `json:"nodes"`
+		OverBudget      []any             `json:"over_budget"`
+		EvictedNow      []string          `json:"evicted_now"`
+		NotFound        []any             `json:"not_found"`
+		BadBudget       string            `json:"bad_budget"`
+		PrunedX         []string          `json:"pruned_x"`
+		Trees           []string          `json:"trees"`
+		TreeRemoved     bool              `json:"tree_removed"`
+		WatchEnded      bool              `json:"watch_ended"`
+		WatchFirst      []string          `json:"watch_first"`
+		WatchEvents     [][]any           `json:"watch_events"`
+		TreesAfter      []string          `json:"trees_after"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("report %q: %v\n%s", out, err, stderr.String())
+	}
+	t.Logf("report: %s", out)
+	if !r.RootKeyframe || r.Budget.MaxLive != 4 || len(r.Forks) != 2 || !slices.Equal(r.ForkLabels, []string{"x", "y"}) || r.ForkHostname != r.Forks[0] {
+		t.Errorf("create and fork: %+v", r)
+	}
+	if r.Suspended != "suspended" || r.SuspendedState != "suspended" || r.Resumed != "live" || r.ResumedHostname != r.Forks[0] {
+		t.Errorf("suspend and resume: %q %q %q %q", r.Suspended, r.SuspendedState, r.Resumed, r.ResumedHostname)
+	}
+	if !r.Protected || r.Unprotected || len(r.Nodes) != 4 || r.RollbackParent != r.Nodes[0] {
+		t.Errorf("protect, rollback, nodes: %+v", r)
+	}
+	if len(r.OverBudget) != 3 || r.OverBudget[0] != client.CodeOverBudget || r.OverBudget[1] != float64(409) || !strings.Contains(r.OverBudget[2].(string), "max_live") {
+		t.Errorf("over budget: %v", r.OverBudget)
+	}
+	if len(r.EvictedNow) != 0 || len(r.NotFound) != 2 || r.NotFound[0] != client.CodeNotFound || !strings.Contains(r.BadBudget, "max_ram") {
+		t.Errorf("evict, not found, bad budget: %v %v %q", r.EvictedNow, r.NotFound, r.BadBudget)
+	}
+	if len(r.PrunedX) != 1 || r.PrunedX[0] != r.Forks[0] || !slices.Equal(r.Trees, []string{r.TreeID}) || !r.TreeRemoved || len(r.TreesAfter) != 0 {
+		t.Errorf("prune: %+v", r)
+	}
+	if !r.WatchEnded || !slices.Contains(r.WatchFirst, "tree") {
+		t.Errorf("watch: ended %v, first message keys %v", r.WatchEnded, r.WatchFirst)
+	}
+	var kinds []string
+	for _, e := range r.WatchEvents {
+		kinds = append(kinds, e[0].(string))
+		if e[2].(float64) <= 0 {
+			t.Errorf("event %v without latency", e)
+		}
+	}
+	want := []string{"fork", "suspend", "resume", "protect", "unprotect", "rollback", "budget", "budget", "prune", "prune"}
+	if !slices.Equal(kinds, want) {
+		t.Errorf("watched %v, want %v", kinds, want)
 	}
 }

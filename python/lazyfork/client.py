@@ -10,6 +10,9 @@ a unix socket; this module speaks it (docs/api.md in the repository lists every 
         outputs = [f.exec(["hostname"])["stdout"] for f in forks]
         grandchildren = forks[0].fork(3)
 
+Snapshot trees (budgets, eviction, suspend/resume, protect/prune, watch) are
+``create_tree``, ``adopt_tree``, ``trees`` and ``snapshot_tree`` (see ``lazyfork.tree``).
+
 ``fork`` returns a :class:`Forks` list; used as a context manager it deletes its forks on
 exit (their own forks keep running). Every failure raises :class:`LazyforkError` with the
 daemon's stable ``code`` and its message.
@@ -195,6 +198,50 @@ class Client:
     def tree(self):
         """The containers as a forest: each dict has its forks under "children"."""
         return self.request("GET", "/v1/tree")
+
+    # -- snapshot trees (lazyfork.tree) ----------------------------------------------
+
+    def create_tree(self, image, command=None, name=None, root_name=None, label=None, budget=None, ksm=False,
+                    env=None, **create):
+        """Create a snapshot tree rooted at a new container (the arguments of create());
+        its keyframe is written at once. ``budget`` is a dict of max_live, max_ram_bytes,
+        max_disk_bytes, max_chain_depth (the others take the default). Returns a Tree."""
+        root = {"image": image}
+        if command is not None:
+            root["command"] = list(command)
+        if root_name is not None:
+            root["name"] = root_name
+        if env is not None:
+            root["env"] = _env_list(env)
+        root.update(create)
+        return self._new_tree({"root": root}, name, label, budget, ksm)
+
+    def adopt_tree(self, ref, name=None, label=None, budget=None, ksm=False):
+        """Create a snapshot tree rooted at running container ``ref``. Returns a Tree."""
+        return self._new_tree({"adopt": ref}, name, label, budget, ksm)
+
+    def _new_tree(self, body, name, label, budget, ksm):
+        from .tree import Tree, budget_body
+        if name is not None:
+            body["name"] = name
+        if label is not None:
+            body["label"] = label
+        if budget is not None:
+            body["budget"] = budget_body(budget)
+        if ksm:
+            body["ksm"] = True
+        doc = self.request("POST", "/v1/trees", body)
+        return Tree(self, doc["id"], doc)
+
+    def trees(self):
+        """Every snapshot tree (Tree handles carrying their documents), oldest first."""
+        from .tree import Tree
+        return [Tree(self, d["id"], d) for d in self.request("GET", "/v1/trees")]
+
+    def snapshot_tree(self, ref):
+        """A handle on a snapshot tree by id, unique id prefix or name."""
+        from .tree import Tree
+        return Tree(self, ref)
 
     def stats(self, ref):
         """Memory, snapshot and timing figures of one container."""
