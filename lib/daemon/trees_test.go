@@ -517,3 +517,44 @@ func TestPythonTreeSDK(t *testing.T) {
 		t.Errorf("watched %v, want %v", kinds, want)
 	}
 }
+
+// examples/tree_search.py, as a user runs it (the SDK pip-installed), against the daemon:
+// under its budget of 4 live containers the search evicts and resumes nodes, and every
+// node on the winner's path answers from its memory with the moves that led to it.
+func TestTreeSearchExample(t *testing.T) {
+	d := newDaemon(t)
+	site := t.TempDir()
+	pip := exec.Command("python3", "-m", "pip", "install", "--quiet", "--no-index", "--target", site, filepath.Join(repoDir(), "python"))
+	if out, err := pip.CombinedOutput(); err != nil {
+		t.Fatalf("pip install ./python: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { // a failed run may leave its tree
+		m := &snaptree.Manager{RT: d.rt}
+		all, _ := m.List()
+		for _, tr := range all {
+			_, _, _ = m.Prune(bg, tr.ID, tr.Root)
+		}
+	})
+	py := exec.Command("python3", filepath.Join(repoDir(), "examples", "tree_search.py"), "--image", image)
+	py.Dir = t.TempDir()
+	py.Env = append(os.Environ(), "LAZYFORK_SOCKET="+d.socket, "PYTHONPATH="+site)
+	out, err := py.CombinedOutput()
+	t.Logf("examples/tree_search.py:\n%s", out)
+	if err != nil {
+		t.Fatalf("examples/tree_search.py: %v", err)
+	}
+	for _, want := range []string{"event evict", "event resume", "winner ", "protected", "pruned the tree"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the example's output has no %q", want)
+		}
+	}
+	if strings.Contains(string(out), "WRONG") {
+		t.Error("a node on the winner's path answered with other moves")
+	}
+	if trees, _ := d.cl.ListTrees(bg); len(trees) != 0 {
+		t.Errorf("trees left: %d", len(trees))
+	}
+	if rows, _ := d.cl.List(bg); len(rows) != 0 {
+		t.Errorf("containers left: %d", len(rows))
+	}
+}
