@@ -317,12 +317,20 @@ func (t *Tree) save() error {
 	return fsutil.WriteJSON(filepath.Join(t.Dir(), "tree.json"), t)
 }
 
-// lockTree takes tree id's flock (the same kind of lock as the container store's).
-func lockTree(id string) (unlock func(), err error) {
-	if err := os.MkdirAll(TreeDir(id), 0o700); err != nil {
-		return nil, fmt.Errorf("lock tree %s: %w", id, err)
+// lockTree takes tree id's flock (the same kind of lock as the container store's); create
+// makes the tree's directory first (a new tree), else a tree gone meanwhile is ErrNoTree.
+func lockTree(id string, create bool) (unlock func(), err error) {
+	if create {
+		if err := os.MkdirAll(TreeDir(id), 0o700); err != nil {
+			return nil, fmt.Errorf("lock tree %s: %w", id, err)
+		}
+	} else if _, err := os.Stat(TreeDir(id)); errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s", ErrNoTree, id)
 	}
 	f, err := os.OpenFile(filepath.Join(TreeDir(id), ".lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s", ErrNoTree, id) // pruned meanwhile
+	}
 	if err != nil {
 		return nil, fmt.Errorf("lock tree %s: %w", id, err)
 	}

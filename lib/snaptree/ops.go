@@ -109,7 +109,7 @@ func (m *Manager) withDropped(ctx context.Context, ref string, allowDropped bool
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := lockTree(id)
+	unlock, err := lockTree(id, false)
 	if err != nil {
 		return nil, err
 	}
@@ -347,7 +347,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, adopt string) (_ 
 		}
 	}
 	id := newTreeID()
-	unlock, err := lockTree(id)
+	unlock, err := lockTree(id, true)
 	if err != nil {
 		return nil, err
 	}

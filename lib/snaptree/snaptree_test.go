@@ -681,6 +681,25 @@ func TestAdoptRollbackSuspendedDrop(t *testing.T) {
 		t.Fatalf("adopting a tree's node again: %v", err)
 	}
 
+	// Two forks of the same tree at once: the tree's lock serialises them, both land.
+	errs := make(chan error, 2)
+	for i := 0; i < 2; i++ {
+		go func() { _, _, err := m.Fork(ctx, tr.ID, tr.Root, snaptree.ForkOptions{N: 1}); errs <- err }()
+	}
+	for i := 0; i < 2; i++ {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent fork: %v", err)
+		}
+	}
+	if tr, err = m.Get(ctx, tr.ID); err != nil || len(tr.Nodes) != 3 || len(nodeOf(t, tr, tr.Root).Children) != 2 {
+		t.Fatalf("after two concurrent forks: %v %d nodes", err, len(tr.Nodes))
+	}
+	for _, k := range nodeOf(t, tr, tr.Root).Children {
+		if _, _, err := m.Prune(ctx, tr.ID, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	// Rollback from a suspended node: its keyframe comes back from disk.
 	if _, tr, err = m.Suspend(ctx, tr.ID, tr.Root); err != nil {
 		t.Fatal(err)
