@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/snapshot"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
@@ -120,7 +121,10 @@ func gc(rt *runtime.Runtime, wait time.Duration) error {
 		}
 		errs = append(errs, RemoveSnapshot(s))
 	}
-	for _, d := range append(leftovers, halfWritten...) {
+	for _, d := range leftovers {
+		errs = append(errs, snapshot.UnmountStackIn(d), fsutil.RemoveAll(d))
+	}
+	for _, d := range halfWritten {
 		errs = append(errs, fsutil.RemoveAll(d))
 	}
 	errs = append(errs, sweep(paths.Families(), func(dir string) bool { return families[filepath.Base(dir)] }))

@@ -13,6 +13,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -87,6 +89,11 @@ func RemoveSnapshot(s *stage.Snapshot) error {
 	if err := stage.CheckSnapshot(s); err != nil {
 		return fmt.Errorf("remove snapshot: %w", err)
 	}
+	// A rewrite killed half-way leaves its read-only view of the layers mounted there
+	// (Memfile): RemoveAll never crosses a mount point.
+	if err := UnmountStackIn(s.Dir); err != nil {
+		return fmt.Errorf("remove snapshot %s: %w", s.ID, err)
+	}
 	// Renamed aside first, in one step: a reader never sees the directory half-removed
 	// (without its snapshot.json), which GC would have to take for a corrupt record.
 	aside := filepath.Join(paths.Snapshots(), RemovingPrefix+s.ID+"-"+NewID()[1:])
@@ -97,6 +104,19 @@ func RemoveSnapshot(s *stage.Snapshot) error {
 		return fmt.Errorf("remove snapshot %s: %w", s.ID, err)
 	}
 	return fsutil.RemoveAll(aside)
+}
+
+// UnmountStackIn unmounts the layer stack Memfile mounts in a snapshot directory, if a
+// killed rewrite left it there.
+func UnmountStackIn(dir string) error {
+	root := filepath.Join(dir, "rootfs")
+	if !fsutil.IsMountPoint(root) {
+		return nil
+	}
+	if err := unix.Unmount(root, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount %s: %w", root, err)
+	}
+	return nil
 }
 
 // RemovingPrefix names snapshot directories renamed aside to be deleted.
