@@ -112,7 +112,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		}()
 	}
 	t := rpc.CriuReqType_DUMP
-	res, err := swrk(ctx, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, nil, o.Notify)
+	res, err := swrk(ctx, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, nil, o.Notify, o.Hold)
 	logPath := filepath.Join(workDir, opts.GetLogFile())
 	if err != nil || !res.resp.GetSuccess() {
 		if o.FreezeCgroup != "" && ctx.Err() != nil {
@@ -183,7 +183,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		opts.RstSibling = nil
 		res, err = o.Service.call(ctx, req, o.JoinCgroup, o.Notify)
 	} else {
-		res, err = swrk(ctx, req, kdat, o.JoinCgroup, o.Notify)
+		res, err = swrk(ctx, req, kdat, o.JoinCgroup, o.Notify, o.Hold)
 	}
 	if err != nil && stalled() {
 		err = fmt.Errorf("criu reported an error and did not exit within %v: %w", ErrorGrace, err)
@@ -219,7 +219,7 @@ func Version(ctx context.Context) (major, minor, patch int, err error) {
 	ctx, cancel := withDeadline(ctx, 0)
 	defer cancel()
 	t := rpc.CriuReqType_VERSION
-	res, err := swrk(ctx, &rpc.CriuReq{Type: &t}, "", nil, nil)
+	res, err := swrk(ctx, &rpc.CriuReq{Type: &t}, "", nil, nil, nil)
 	if err != nil || !res.resp.GetSuccess() {
 		return 0, 0, 0, callError("version", res, "", err)
 	}

@@ -2,6 +2,7 @@ package criu
 
 import (
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -117,6 +118,9 @@ type DumpOptions struct {
 	Timeout        time.Duration
 	KdatDir        string // tmpfs directory for criu's kernel probe cache; "" disables it
 	Notify         NotifyFunc
+	// Hold is kept open by criu until it exits (the caller's state lock): a criu that
+	// outlives a killed caller still holds it, so GC waits for it (swrk only).
+	Hold *os.File
 }
 
 // RestoreOptions describe one restore.
@@ -152,6 +156,9 @@ type RestoreOptions struct {
 	// restored tree's group rather than to the caller's.
 	JoinCgroup []string
 	Notify     NotifyFunc
+	// Hold is kept open by criu until it exits (the caller's state lock): a criu that
+	// outlives a killed caller still holds it, so GC waits for it (swrk only).
+	Hold *os.File
 	// Service, when set, serves the restore from a long-lived criu instead of a new swrk
 	// (trees without their own mount namespace still get a swrk).
 	Service *Service

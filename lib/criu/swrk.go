@@ -54,11 +54,11 @@ type result struct {
 	isolated bool
 }
 
-// swrk starts `criu swrk 3`, sends req, answers notifications and returns the final
+// swrk starts `criu swrk 3` (with hold, if any, as fd 4), sends req, answers notifications and returns the final
 // response. It returns an error when criu could not be run, failed (resp.success false), did
 // not answer, or the deadline passed; criu is SIGKILLed on deadline or cancel and always
 // reaped before swrk returns.
-func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc) (res result, retErr error) {
+func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc, hold *os.File) (res result, retErr error) {
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
@@ -93,6 +93,9 @@ func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []str
 
 	cmd := exec.Command(bin, "swrk", "3")
 	cmd.ExtraFiles = []*os.File{server}
+	if hold != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, hold) // fd 4, unused by criu
+	}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = criuEnv()
 	// criu leads a process group of its own, so that what it forks (namespace helpers, tar,

@@ -144,3 +144,78 @@ func TestRepeatedForksSeeTheirInstant(t *testing.T) {
 		t.Errorf("the source's files after a fork's step: %s, want %s", got, filesAt(steps+1))
 	}
 }
+
+// Generations: the source writes most of its heap after its first fork, so its next
+// fork's snapshot is rebased (a fresh generation of memory files) while the first fork
+// and the source still map the first generation. Both generations hold the heap until
+// the last user of the first goes; then its files are freed (bytes on tmpfs), and the
+// later fork, on the new generation alone, runs on, still holds its instant, and can be
+// forked again.
+func TestGenerationFreedWithItsLastUser(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	src := create(t, rt, "gens", "python3", "-c", strings.Replace(stepper, `    if cmd[0] == "step":`, `    if cmd[0] == "dirty":
+        for off in range(0, len(heap), 4096):
+            heap[off] = (heap[off] + 1) % 256
+    if cmd[0] == "step":`, 1))
+	testutil.Eventually(t, 30*time.Second, "ready", func() bool { return len(logLines(src)) > 0 })
+	want1 := ask(t, rt, src, "s1", "step", "1")
+	first := doFork(t, rt, src, 1)[0]
+	src, _ = rt.Tree.Get(src.ID)
+	fam := src.Family
+	gen1 := fork.FamilyBytes(fam)
+	if gen1 < 32<<20 {
+		t.Fatalf("the family holds %d bytes after the first fork, want the 32 MiB heap", gen1)
+	}
+	want2 := ask(t, rt, src, "d", "dirty")
+	res, snap, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Memfile == nil || !snap.Memfile.Rebased {
+		t.Fatalf("the fork after the source rewrote its heap was not rebased: %+v", snap.Memfile)
+	}
+	second, _ := rt.Tree.Get(res[0].ID)
+	both := fork.FamilyBytes(fam)
+	if both < gen1+(30<<20) {
+		t.Errorf("after the rebase the family holds %d bytes, want both generations (%d + the heap)", both, gen1)
+	}
+	if err := fork.GC(rt); err != nil {
+		t.Fatal(err)
+	}
+	if b := fork.FamilyBytes(fam); b < both-(1<<20) {
+		t.Errorf("gc freed the old generation (%d -> %d bytes) while the source and a fork map it", both, b)
+	}
+	// The old fork still maps the old generation and holds its instant.
+	if got := ask(t, rt, first, "c1", "check"); got != want1 {
+		t.Errorf("the first fork's digest after the rebase is %s, want %s", got, want1)
+	}
+	// The first fork goes: the source still maps the old generation.
+	if err := rt.Delete(first); err != nil {
+		t.Fatal(err)
+	}
+	if err := fork.GC(rt); err != nil {
+		t.Fatal(err)
+	}
+	if b := fork.FamilyBytes(fam); b < both-(1<<20) {
+		t.Errorf("gc freed the old generation (%d -> %d bytes) while the source maps it", both, b)
+	}
+	// The source, its last user, goes: the old generation is freed, the new one stays.
+	if err := rt.Delete(src); err != nil {
+		t.Fatal(err)
+	}
+	if err := fork.GC(rt); err != nil {
+		t.Fatal(err)
+	}
+	after := fork.FamilyBytes(fam)
+	t.Logf("family bytes: first generation %d, both %d, after its last user went %d", gen1, both, after)
+	if after > both-(30<<20) {
+		t.Errorf("the old generation was not freed with its last user: %d bytes before, %d after", both, after)
+	}
+	if got := ask(t, rt, second, "c2", "check"); got != want2 {
+		t.Errorf("the fork on the new generation: digest %s, want %s", got, want2)
+	}
+	grand := doFork(t, rt, second, 1)[0]
+	if got := ask(t, rt, grand, "c3", "check"); got != want2 {
+		t.Errorf("a fork of the fork on the new generation: digest %s, want %s", got, want2)
+	}
+}

@@ -92,7 +92,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	}
 
 	// From here on the dump makes what no record references yet: GC waits.
-	unlock, err := lockShared(ctx)
+	unlock, hold, err := lockSharedHeld(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
@@ -192,6 +192,9 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		TCPEstablished: c.Net == runtime.NetNone || c.Net == runtime.NetBridge,
 		Timeout:        DumpTimeout,
 		KdatDir:        kdatDir(),
+		// A criu that outlives this process (killed) finishes or rolls back the dump;
+		// GC must not give the source back before (criu would freeze it again).
+		Hold: hold,
 		Notify: func(script string, _ int) error {
 			if script != "post-dump" {
 				return nil

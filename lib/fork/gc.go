@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"time"
 
@@ -128,6 +129,17 @@ func gc(rt *runtime.Runtime, wait time.Duration) error {
 		errs = append(errs, fsutil.RemoveAll(d))
 	}
 	errs = append(errs, sweep(paths.Families(), func(dir string) bool { return families[filepath.Base(dir)] }))
+	var kept []*stage.Snapshot
+	for _, s := range snaps {
+		if !slices.Contains(drop, s) {
+			kept = append(kept, s)
+		}
+	}
+	for fam := range families {
+		if fam != "" {
+			errs = append(errs, pruneGenerations(filepath.Join(paths.Families(), fam), kept))
+		}
+	}
 	errs = append(errs, sweep(LayersDir(), func(dir string) bool { return layers[dir] }))
 	return errors.Join(errs...)
 }

@@ -199,7 +199,7 @@ func resume(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stag
 		}
 	}()
 	c.Family, c.MemDir = s.Family, s.FamilyDir
-	if err := start(ctx, rt, c, s, c.Upper, nil); err != nil {
+	if err := start(ctx, rt, c, s, c.Upper, nil, nil); err != nil {
 		return fmt.Errorf("start %s: %w", c.Display(), err)
 	}
 	c.Snapshot = ""

@@ -72,7 +72,7 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 	if err := checkRestorable(s); err != nil {
 		return nil, err
 	}
-	unlock, err := lockShared(ctx)
+	unlock, hold, err := lockSharedHeld(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("restore %s: %w", s.ID, err)
 	}
@@ -142,7 +142,7 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 			if ctx.Err() != nil {
 				return
 			}
-			f, err := restoreOne(ctx, rt, s, svc, forks[i], o.Hook)
+			f, err := restoreOne(ctx, rt, s, svc, hold, forks[i], o.Hook)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -202,9 +202,9 @@ func makeDumpedFamily(s *stage.Snapshot) error {
 
 // restoreOne starts the reserved fork c; the batch deletes it if anything fails. Its
 // restore_ms runs from here (its record was written with the batch's) to running.
-func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc *criu.Service, c *tree.Container, h hook.Options) (stage.Fork, error) {
+func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *tree.Container, h hook.Options) (stage.Fork, error) {
 	begin := time.Now()
-	if err := start(ctx, rt, c, s, c.Upper, svc); err != nil {
+	if err := start(ctx, rt, c, s, c.Upper, svc, hold); err != nil {
 		return stage.Fork{}, err
 	}
 	if err := hook.Reseed(ctx, c, h); err != nil {
@@ -227,15 +227,16 @@ func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc
 
 // start mounts c's overlay (lower = the snapshot's stack, the given upper), makes its
 // cgroup and restores the snapshot into them. The caller undoes a failure with Delete.
-func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper string, svc *criu.Service) error {
-	return startIn(ctx, rt, c, s, upper, c.ID, svc, true)
+func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper string, svc *criu.Service, hold *os.File) error {
+	return startIn(ctx, rt, c, s, upper, c.ID, svc, hold, true)
 }
 
 // startIn is start with the container's cgroup named cgName (a swapped source gets a new
-// group while its old processes are still frozen in the one named by its id). rename sets
+// group while its old processes are still frozen in the one named by its id). hold is the
+// state lock criu keeps while it runs (see criu.RestoreOptions.Hold). rename sets
 // the restored tree's hostname to the record's (forks); a swapped source keeps whatever
 // its processes had set, as it is the same container.
-func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, rename bool) error {
+func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, hold *os.File, rename bool) error {
 	layer := overlay.Layer{Lower: c.Lower, Upper: upper, Work: c.Work, Target: c.RootFS}
 	if err := overlay.Prepare(layer); err != nil {
 		return fmt.Errorf("fork %s: %w", c.ID, err)
@@ -271,6 +272,7 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 		KdatDir:    kdatDir(),
 		JoinCgroup: cg.ProcsFiles(),
 		Service:    svc,
+		Hold:       hold,
 		Notify: func(script string, pid int) error {
 			if pid <= 0 {
 				return nil

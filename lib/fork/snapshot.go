@@ -1,6 +1,11 @@
 package fork
 
-import "github.com/lazyfork/lazyfork/lib/snapshot"
+import (
+	"context"
+	"os"
+
+	"github.com/lazyfork/lazyfork/lib/snapshot"
+)
 
 // The snapshot store, the state lock and the rewrite step live in lib/snapshot (so the
 // stages that only read or rewrite images link none of the pipeline's CRIU, cgroup and
@@ -28,3 +33,9 @@ var (
 )
 
 const removingPrefix = snapshot.RemovingPrefix
+
+// lockSharedHeld is lockShared with the locked file, for criu to hold as well (see
+// criu.DumpOptions.Hold).
+func lockSharedHeld(ctx context.Context) (func(), *os.File, error) {
+	return snapshot.LockStateFile(ctx, false, 0)
+}

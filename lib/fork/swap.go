@@ -77,13 +77,19 @@ func Swap(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.
 	if err := makeDumpedFamily(s); err != nil {
 		return err
 	}
+	// Held by the restore's criu too: GC waits for a criu whose caller was killed.
+	unlock, hold, err := lockSharedHeld(ctx)
+	if err != nil {
+		return fmt.Errorf("swap %s: %w", c.Display(), err)
+	}
+	defer unlock()
 	c.Lower, c.RootFS, c.Work = s.Lower, newRoot, newWork
 	c.Family, c.MemDir = s.Family, s.FamilyDir
 	// The old source is frozen until this restore ends: it gets SwapRestoreTimeout, not
 	// the minute a fork's restore may take (a caller killed meanwhile would leave the source
 	// frozen until GC), and a criu that logged an error is killed sooner (criu.ErrorGrace).
 	rctx, cancel := context.WithTimeout(ctx, SwapRestoreTimeout)
-	err = startIn(rctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, nil, false)
+	err = startIn(rctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, nil, hold, false)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("swap %s: %w", c.Display(), err)
@@ -172,12 +178,13 @@ func endGroupNamed(rt *runtime.Runtime, name string) error {
 	if err != nil {
 		return nil
 	}
-	if _, err := os.Stat(r.FreezerDir()); err != nil {
-		return nil
+	if cgroup.CheckOwned(r.Paths) != nil {
+		return nil // not the project's
 	}
 	cg, err := cgroup.LoadOwned(r.Paths)
 	if err != nil {
-		return nil // not the project's
+		// Not in every hierarchy: a creation cut short, before any process went in.
+		return r.Remove()
 	}
 	return errors.Join(cg.Kill(), cg.Remove())
 }

@@ -209,6 +209,14 @@ func checkOneSource(t *testing.T, rt *runtime.Runtime, bin string, src *tree.Con
 	if m := fsutil.MountsUnder(rt.Tree.Path(src.ID)); len(m) != 1 {
 		t.Errorf("mounts under the source's directory: %v, want its root only", m)
 	}
+	// No process kept the state lock (criu holds it while it runs; restored tasks must
+	// not inherit it).
+	unlock, err := fork.LockState(ctx, true, 5*time.Second)
+	if err != nil {
+		t.Errorf("the state lock is still held after gc: %v", err)
+	} else {
+		unlock()
+	}
 	// A fork whose restore the kill cut short is gone; one that ran is a container.
 	all, _ := rt.Tree.List()
 	for _, c := range all {

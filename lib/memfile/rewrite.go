@@ -109,7 +109,10 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 			}
 			r.res.SharedPages += shared
 			r.res.DeltaPages += v.present
-			if !r.opts.Rebase || v.present == 0 || v.missing {
+			// A rebase moves every VMA that maps a family file, written or not: the new
+			// generation then names none of the old one's files, which go with their last
+			// user (fork.pruneGenerations).
+			if !r.opts.Rebase || v.missing {
 				v.act = actDelta
 				v.why = fmt.Sprintf("already maps family file %s (%d shared pages); its own %d pages stay in the image as a delta", base, shared, v.present)
 				return nil

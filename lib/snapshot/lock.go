@@ -27,12 +27,20 @@ func StateLockPath() string { return filepath.Join(paths.Run(), "state.lock") }
 // LockState takes the state lock, shared (the pipeline) or exclusive (GC). It waits while
 // ctx lasts and, when wait > 0, at most wait; unlock releases it.
 func LockState(ctx context.Context, exclusive bool, wait time.Duration) (unlock func(), err error) {
+	unlock, _, err = LockStateFile(ctx, exclusive, wait)
+	return unlock, err
+}
+
+// LockStateFile is LockState that also returns the locked file: a child given a copy of
+// it (criu, see criu.DumpOptions.Hold) keeps the lock until it exits too. unlock only
+// closes this process's descriptor (an explicit LOCK_UN would release the child's too).
+func LockStateFile(ctx context.Context, exclusive bool, wait time.Duration) (unlock func(), f *os.File, err error) {
 	if err := os.MkdirAll(paths.Run(), 0o700); err != nil {
-		return nil, fmt.Errorf("lock state: %w", err)
+		return nil, nil, fmt.Errorf("lock state: %w", err)
 	}
-	f, err := os.OpenFile(StateLockPath(), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	f, err = os.OpenFile(StateLockPath(), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("lock state: %w", err)
+		return nil, nil, fmt.Errorf("lock state: %w", err)
 	}
 	how, kind := unix.LOCK_SH, "shared"
 	if exclusive {
@@ -47,19 +55,19 @@ func LockState(ctx context.Context, exclusive bool, wait time.Duration) (unlock 
 	for {
 		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
 		if err == nil {
-			return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+			return func() { f.Close() }, f, nil
 		}
 		if !errors.Is(err, unix.EWOULDBLOCK) {
 			f.Close()
-			return nil, fmt.Errorf("lock state %s: %w", StateLockPath(), err)
+			return nil, nil, fmt.Errorf("lock state %s: %w", StateLockPath(), err)
 		}
 		select {
 		case <-ctx.Done():
 			f.Close()
-			return nil, fmt.Errorf("wait for the %s state lock %s: %w", kind, StateLockPath(), ctx.Err())
+			return nil, nil, fmt.Errorf("wait for the %s state lock %s: %w", kind, StateLockPath(), ctx.Err())
 		case <-deadline:
 			f.Close()
-			return nil, fmt.Errorf("%w (it holds %s for %v and more); run gc again when it ends", ErrStateBusy, StateLockPath(), wait)
+			return nil, nil, fmt.Errorf("%w (it holds %s for %v and more); run gc again when it ends", ErrStateBusy, StateLockPath(), wait)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

@@ -63,7 +63,9 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 	rebase := false
 	if o.Rebase != nil {
 		rebase = *o.Rebase
-	} else if s.Source.Depth > 0 {
+	} else {
+		// A fork's dump, or a swapped source's (it maps the family too): the family's
+		// files hold what it shares; none for a first dump.
 		shared := AllocatedPages(s.FamilyDir)
 		rebase = shared > 0 && float64(s.Dump.PagesWritten) > RebaseFraction*float64(shared)
 	}
