@@ -27,6 +27,7 @@ type engine interface {
 	Logs(ctx context.Context, ref string, follow bool, w io.Writer) error
 	Get(ctx context.Context, ref string) (*client.Info, error)
 	List(ctx context.Context) ([]client.Info, error)
+	Tree(ctx context.Context) ([]client.TreeNode, error)
 	Stats(ctx context.Context, ref string) (*client.Stats, error)
 	Status(ctx context.Context) (*client.Status, error)
 	GC(ctx context.Context) error

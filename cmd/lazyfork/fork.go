@@ -5,7 +5,6 @@ import (
 	"encoding/csv"
 	"fmt"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -105,28 +104,20 @@ func (c *treeCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	rows, err := e.List(ctx)
+	if c.JSON {
+		rows, err := e.List(ctx)
+		if err != nil {
+			return err
+		}
+		return printJSON(rows)
+	}
+	// The forest is the engine's (daemon.Service.Tree, or the daemon's GET /tree).
+	forest, err := e.Tree(ctx)
 	if err != nil {
 		return err
 	}
-	if c.JSON {
-		return printJSON(rows)
-	}
-	kids := map[string][]client.Info{}
-	ids := map[string]bool{}
-	for _, r := range rows {
-		ids[r.ID] = true
-	}
-	var roots []client.Info
-	for _, r := range rows {
-		if r.Parent == "" || !ids[r.Parent] {
-			roots = append(roots, r)
-		} else {
-			kids[r.Parent] = append(kids[r.Parent], r)
-		}
-	}
-	var draw func(r client.Info, prefix string, last, top bool)
-	draw = func(r client.Info, prefix string, last, top bool) {
+	var draw func(n client.TreeNode, prefix string, last, top bool)
+	draw = func(n client.TreeNode, prefix string, last, top bool) {
 		branch, next := "├── ", "│   "
 		if last {
 			branch, next = "└── ", "    "
@@ -134,23 +125,21 @@ func (c *treeCmd) Run(ctx context.Context, g *Globals) error {
 		if top {
 			branch, next = "", ""
 		}
-		label := r.ID
-		if r.Name != "" {
-			label += " (" + r.Name + ")"
+		label := n.ID
+		if n.Name != "" {
+			label += " (" + n.Name + ")"
 		}
 		orphan := ""
-		if top && r.Parent != "" {
-			orphan = "  [parent " + r.Parent + " deleted]"
+		if top && n.Parent != "" {
+			orphan = "  [parent " + n.Parent + " deleted]"
 		}
-		fmt.Printf("%s%s%s  %s  %s%s\n", prefix, branch, label, r.State, humanBytes(r.MemoryBytes), orphan)
-		ks := kids[r.ID]
-		sort.Slice(ks, func(i, j int) bool { return ks[i].Created.Before(ks[j].Created) })
-		for i, k := range ks {
-			draw(k, prefix+next, i == len(ks)-1, false)
+		fmt.Printf("%s%s%s  %s  %s%s\n", prefix, branch, label, n.State, humanBytes(n.MemoryBytes), orphan)
+		for i, k := range n.Children { // oldest first
+			draw(k, prefix+next, i == len(n.Children)-1, false)
 		}
 	}
-	for _, r := range roots {
-		draw(r, "", true, true)
+	for _, n := range forest {
+		draw(n, "", true, true)
 	}
 	return nil
 }

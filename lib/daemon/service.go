@@ -247,29 +247,25 @@ func (s *Service) Delete(ctx context.Context, ref string) error {
 
 // Freeze pauses every process of ref.
 func (s *Service) Freeze(ctx context.Context, ref string) error {
-	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if err := s.RT.Freeze(c); err != nil {
-		return err
-	}
-	s.Events.Publish(client.Event{Type: client.EventFreeze, ID: c.ID, Name: c.Name})
-	return nil
+	return s.locked(ctx, ref, s.RT.Freeze, client.EventFreeze)
 }
 
 // Thaw resumes a frozen container.
 func (s *Service) Thaw(ctx context.Context, ref string) error {
+	return s.locked(ctx, ref, s.RT.Thaw, client.EventThaw)
+}
+
+// locked runs op on ref under its lock and publishes the event when it succeeds.
+func (s *Service) locked(ctx context.Context, ref string, op func(*tree.Container) error, event string) error {
 	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if err := s.RT.Thaw(c); err != nil {
+	if err := op(c); err != nil {
 		return err
 	}
-	s.Events.Publish(client.Event{Type: client.EventThaw, ID: c.ID, Name: c.Name})
+	s.Events.Publish(client.Event{Type: event, ID: c.ID, Name: c.Name})
 	return nil
 }
 
@@ -528,10 +524,5 @@ func (s *Service) Logs(ctx context.Context, ref string, follow bool, w io.Writer
 // info is the live view of c in the API's shape.
 func (s *Service) info(c *tree.Container) *client.Info {
 	in := s.RT.Inspect(c)
-	return &client.Info{
-		ID: in.ID, Name: in.Name, State: in.State, Parent: in.Parent, ParentName: in.ParentName,
-		Depth: in.Depth, Pid: in.Pid, Procs: in.Procs, MemoryBytes: in.MemoryBytes, Image: in.Image,
-		Command: in.Command, Created: in.Created, Hook: c.Hook,
-		Net: in.Net, Address: in.Address, Bridge: in.Bridge, NAT: in.NAT,
-	}
+	return &in
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/overlay"
@@ -135,32 +136,13 @@ func (r *Runtime) Delete(c *tree.Container) error {
 	return nil
 }
 
-// Info is one row of `lazyfork list`.
-type Info struct {
-	ID          string    `json:"id"`
-	Name        string    `json:"name,omitempty"`
-	State       string    `json:"state"`
-	Parent      string    `json:"parent,omitempty"`
-	ParentName  string    `json:"parent_name,omitempty"`
-	Depth       int       `json:"depth"`
-	Pid         int       `json:"pid,omitempty"`
-	Procs       int       `json:"procs"`
-	MemoryBytes int64     `json:"memory_bytes"`
-	Image       string    `json:"image"`
-	Command     []string  `json:"command"`
-	Created     time.Time `json:"created"`
-	// Net is the network mode (none, bridge, host); Address the container's IPv4 address
-	// in bridge mode, with Bridge and NAT.
-	Net     string `json:"net"`
-	Address string `json:"address,omitempty"`
-	Bridge  string `json:"bridge,omitempty"`
-	NAT     bool   `json:"nat,omitempty"`
-}
+// Info is one row of `lazyfork list`: the API's type (lib/client), built here.
+type Info = client.Info
 
 // Inspect builds the live view of one container.
 func (r *Runtime) Inspect(c *tree.Container) Info {
 	in := Info{ID: c.ID, Name: c.Name, State: r.State(c), Parent: c.Parent, Depth: c.Depth,
-		Image: c.Image, Command: c.Command, Created: c.Created,
+		Image: c.Image, Command: c.Command, Created: c.Created, Hook: c.Hook,
 		Net: c.Net, Bridge: c.Bridge, NAT: c.NAT}
 	if in.Net == "" {
 		in.Net = NetHost // a record from before network namespaces
