@@ -461,6 +461,20 @@ func TestEvictionSuspendsLeastRecentlyActiveUnprotected(t *testing.T) {
 	if len(tr.Nodes) != before || nodeOf(t, tr, tr.Root).State != snaptree.StateLive {
 		t.Fatalf("a failed fork changed the tree: %d nodes (was %d), root %s", len(tr.Nodes), before, nodeOf(t, tr, tr.Root).State)
 	}
+	// A fork that fits once eviction made room: at max_live 2 with the protected root
+	// and b live, forking the root suspends b first.
+	roomy := tr.Budget
+	roomy.MaxLive, roomy.MaxRAMBytes = 2, 1<<30
+	if tr, err = m.SetBudget(ctx, tr.ID, roomy); err != nil {
+		t.Fatal(err)
+	}
+	nf, tr, err := m.Fork(ctx, tr.ID, tr.Root, snaptree.ForkOptions{N: 1})
+	if err != nil {
+		t.Fatalf("fork that eviction makes room for: %v", err)
+	}
+	if nodeOf(t, tr, b).State != snaptree.StateSuspended || nodeOf(t, tr, nf[0].ID).State != snaptree.StateLive || tr.Usage.Live != 2 {
+		t.Fatalf("after a fork at max_live: b %s, new %s, live %d", nodeOf(t, tr, b).State, nodeOf(t, tr, nf[0].ID).State, tr.Usage.Live)
+	}
 }
 
 // Suspending every node frees the heap from tmpfs; after a power cut (every process
