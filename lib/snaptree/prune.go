@@ -1,0 +1,162 @@
+package snaptree
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/fsutil"
+)
+
+// Protect sets (or clears) node's protection from eviction.
+func (m *Manager) Protect(ctx context.Context, treeRef, node string, on bool) (*Node, *Tree, error) {
+	var out *Node
+	t, err := m.with(ctx, treeRef, func(o *op) error {
+		n, _, err := o.node(node)
+		if err != nil {
+			return err
+		}
+		out = n
+		n.Protected = on
+		kind := "protect"
+		if !on {
+			kind = "unprotect"
+		}
+		o.event(kind, n.ID)
+		return nil
+	})
+	return out, t, err
+}
+
+// PruneResult says what a prune removed.
+type PruneResult struct {
+	Pruned []string `json:"pruned"`
+	// TreeRemoved: the root was pruned, and with it the tree.
+	TreeRemoved bool `json:"tree_removed"`
+	// Freed bytes on tmpfs (memory files) and on disk (packed snapshots and files).
+	TmpfsFreed int64 `json:"tmpfs_freed"`
+	DiskFreed  int64 `json:"disk_freed"`
+}
+
+// Prune deletes node and its whole subtree: processes, records, snapshots, packed state,
+// memory files and layers nothing else needs (a file a live node outside the subtree maps
+// stays). Pruning the root removes the tree, a dropped one too.
+func (m *Manager) Prune(ctx context.Context, treeRef, node string) (*PruneResult, *Tree, error) {
+	res := &PruneResult{}
+	t, err := m.withDropped(ctx, treeRef, true, func(o *op) error {
+		n, _, err := o.node(node)
+		if err != nil {
+			return err
+		}
+		fams := o.t.families(o.m.RT)
+		tmpfsBefore, diskBefore := o.t.tmpfsBytes(o.m.RT), diskBytes(o.t.Dir())
+		var errs []error
+		for _, id := range o.t.Subtree(n.ID) {
+			if c, err := o.lock(id); err == nil {
+				if err := o.m.RT.Delete(c); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+			}
+			for _, p := range o.t.Nodes[id].Packed {
+				errs = append(errs, fsutil.RemoveAll(p.Dir))
+			}
+			errs = append(errs, fsutil.RemoveAll(TreeDirNode(o.t.ID, id)))
+			if u := o.locks[id]; u != nil {
+				u()
+				delete(o.locks, id)
+			}
+			delete(o.t.Nodes, id)
+			res.Pruned = append(res.Pruned, id)
+		}
+		errs = append(errs, o.t.sweepStore())
+		// Snapshots, families and layers whose last reference went (lib/fork's GC), then
+		// the memory files of the remaining families that nothing maps or needs.
+		errs = append(errs, fork.GC(o.m.RT))
+		for _, f := range fams {
+			_, err := FreeFamily(ctx, o.m.RT, f)
+			errs = append(errs, err)
+		}
+		if n.ID == o.t.Root {
+			if cg, err := cgroup.LoadOwned(o.t.Cgroup); err == nil {
+				errs = append(errs, cg.Kill(), cg.Remove())
+			}
+			errs = append(errs, fsutil.RemoveAll(o.t.Dir()))
+			res.TreeRemoved = true
+		}
+		res.TmpfsFreed = tmpfsBefore - o.t.tmpfsBytes(o.m.RT)
+		res.DiskFreed = diskBefore - diskBytes(o.t.Dir())
+		o.event("prune", n.ID, res.Pruned...)
+		return errors.Join(errs...)
+	})
+	return res, t, err
+}
+
+// TreeDirNode is a node's directory of packed snapshots.
+func TreeDirNode(treeID, node string) string {
+	return TreeDir(treeID) + "/nodes/" + node
+}
+
+// DropResult says what a drop did and where the state is.
+type DropResult struct {
+	Suspended []string `json:"suspended"`
+	Dir       string   `json:"dir"` // where the tree's state stays on disk
+}
+
+// Drop forgets the tree: live members are suspended (stopped, their state packed to
+// disk), the tree cgroup is removed, and tree.json is marked dropped. Everything on disk
+// stays in Dir; the containers stay as stopped records.
+func (m *Manager) Drop(ctx context.Context, treeRef string) (*DropResult, *Tree, error) {
+	res := &DropResult{}
+	t, err := m.with(ctx, treeRef, func(o *op) error {
+		res.Dir = o.t.Dir()
+		for _, n := range o.t.NodeList() {
+			if n.State != StateLive {
+				continue
+			}
+			if err := o.suspend(n.ID); err != nil {
+				return err
+			}
+			res.Suspended = append(res.Suspended, n.ID)
+		}
+		if cg, err := cgroup.LoadOwned(o.t.Cgroup); err == nil {
+			if err := cg.Remove(); err != nil {
+				return err
+			}
+		}
+		o.t.Dropped = true
+		o.event("drop", "", res.Suspended...)
+		return nil
+	})
+	return res, t, err
+}
+
+// Evict runs lib/budget's eviction now and returns the nodes it suspended.
+func (m *Manager) Evict(ctx context.Context, treeRef string) ([]string, *Tree, error) {
+	var out []string
+	t, err := m.with(ctx, treeRef, func(o *op) error {
+		plan := o.t.budgetTree().PlanEvict()
+		out = plan.Suspend
+		return o.execute(plan, "evict")
+	})
+	return out, t, err
+}
+
+// SetBudget replaces the tree's budget (and the tree cgroup's limits), then evicts what
+// the new budget asks for.
+func (m *Manager) SetBudget(ctx context.Context, treeRef string, b Budget) (*Tree, error) {
+	if err := b.Validate(); err != nil {
+		return nil, fmt.Errorf("tree budget: %w", err)
+	}
+	return m.with(ctx, treeRef, func(o *op) error {
+		o.t.Budget = b
+		o.event("budget", "")
+		// Evicted first: a lower memory limit than the group's charge would fail.
+		if err := o.autoEvict(); err != nil {
+			return err
+		}
+		return o.ensureCgroup()
+	})
+}

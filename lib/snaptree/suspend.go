@@ -1,0 +1,150 @@
+package snaptree
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/hook"
+	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/tree"
+)
+
+// Suspend stops node into a snapshot, packs it (and its keyframe) to disk with every
+// memory file it needs, and deletes from tmpfs what nothing else needs: its RAM is freed.
+func (m *Manager) Suspend(ctx context.Context, treeRef, node string) (*Node, *Tree, error) {
+	var out *Node
+	t, err := m.with(ctx, treeRef, func(o *op) error {
+		n, _, err := o.node(node)
+		if err != nil {
+			return err
+		}
+		out = n
+		if n.State == StateSuspended {
+			return nil
+		}
+		if err := o.suspend(n.ID); err != nil {
+			return err
+		}
+		o.event("suspend", n.ID)
+		return nil
+	})
+	return out, t, err
+}
+
+func (o *op) suspend(id string) error {
+	n := o.t.Nodes[id]
+	c, err := o.lock(id)
+	if err != nil {
+		return err
+	}
+	if n.State != StateLive {
+		return fmt.Errorf("suspend %s: it is %s", id, n.State)
+	}
+	ram := n.RAMBytes
+	// Disk headroom for what is about to be written (its RAM and family at most).
+	if plan, err := o.t.budgetTree().PlanKeyframe(id, ram); err != nil {
+		return overBudget(err)
+	} else if len(plan.Suspend) > 0 {
+		if err := o.execute(plan, "evict"); err != nil {
+			return err
+		}
+	}
+	s, err := fork.Stop(o.ctx, o.trt, c, hook.Options{})
+	if err != nil {
+		return err
+	}
+	n.State = StateSuspended
+	p, err := o.t.pack(n, s, RoleSuspend)
+	if err != nil {
+		// Not packed: the snapshot stays on tmpfs, where lazyfork start still finds it.
+		n.State = StateExited
+		return err
+	}
+	_ = o.t.dropPacked(n, s.ID)
+	n.Packed = append(n.Packed, p)
+	n.DirtyPages = int64(s.Dump.PagesWritten)
+	n.DeltaBytes = p.Bytes
+	n.RAMBytes = ram
+	// The keyframe goes to disk too: on tmpfs it would keep its files in RAM.
+	if n.HasKeyframe {
+		if k, err := fork.LoadSnapshot(n.Keyframe); err == nil {
+			if kp, err := o.t.pack(n, k, RoleKeyframe); err == nil {
+				_ = o.t.dropPacked(n, k.ID)
+				n.Packed = append(n.Packed, kp)
+				_ = fork.RemoveSnapshot(k)
+			}
+		}
+	}
+	// tree.json names the packed copy before the tmpfs one goes (a crash in between
+	// leaves both).
+	if err := o.t.save(); err != nil {
+		return err
+	}
+	if err := fork.RemoveSnapshot(s); err != nil {
+		return err
+	}
+	_, err = FreeFamily(o.ctx, o.m.RT, s.Family)
+	return err
+}
+
+// Resume restores a suspended node in place (same id and name) from its packed
+// snapshot, applying its whole delta, after the budget check (chain depth included).
+func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tree, error) {
+	var out *Node
+	t, err := m.with(ctx, treeRef, func(o *op) error {
+		n, c, err := o.node(node)
+		if err != nil {
+			return err
+		}
+		out = n
+		if n.State == StateLive {
+			return nil
+		}
+		p := n.packed(RoleSuspend)
+		var s *stage.Snapshot
+		if p == nil {
+			// Stopped but not packed (`lazyfork stop`, or a suspend whose process died
+			// before packing): its snapshot on tmpfs restarts it.
+			if c.State == tree.StateStopped {
+				s, _ = fork.LoadSnapshot(c.Snapshot)
+			}
+			if s == nil {
+				return fmt.Errorf("resume %s: it is %s and has no snapshot to resume from (prune it)", n.ID, n.State)
+			}
+		}
+		plan, err := o.t.budgetTree().PlanResume(n.ID, n.RAMBytes)
+		if err != nil {
+			return overBudget(err)
+		}
+		if err := o.execute(plan, "evict"); err != nil {
+			return err
+		}
+		if p != nil {
+			if s, err = o.t.unpack(ctx, *p); err != nil {
+				return err
+			}
+		}
+		if c.Snapshot != s.ID || c.State != tree.StateStopped {
+			return fmt.Errorf("resume %s: its record is %s on snapshot %q, not the packed %s", n.ID, c.State, c.Snapshot, s.ID)
+		}
+		if err := fork.Start(ctx, o.trt, c); err != nil {
+			return err
+		}
+		n.State, n.LastActive = StateLive, time.Now().UTC()
+		if s.ID == n.Keyframe && p != nil {
+			// Forks were made from the suspended state: it stays on disk as the keyframe.
+			p.Role = RoleKeyframe
+		} else if err := o.t.dropPacked(n, s.ID); err != nil {
+			return err
+		}
+		n.DeltaBytes = 0
+		if err := o.t.sweepStore(); err != nil {
+			return err
+		}
+		o.event("resume", n.ID)
+		return o.autoEvict()
+	})
+	return out, t, err
+}
