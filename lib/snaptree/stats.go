@@ -23,7 +23,7 @@ func (t *Tree) refresh(rt *runtime.Runtime) {
 	for _, n := range t.Nodes {
 		c, err := rt.Tree.Get(n.ID)
 		if n.State == StateSuspended {
-			n.RAMBytes = 0
+			// RAMBytes stays what it was at suspend: a resume is planned with it.
 			if err == nil && n.HasKeyframe {
 				n.SharedRAMBytes = keyframeTmpfsBytes(c.Family, n.Keyframe)
 			}
