@@ -23,6 +23,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
+	"github.com/lazyfork/lazyfork/lib/memfile"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -325,11 +326,8 @@ func liveAllocators(cg *cgroup.Cgroup) []string {
 			if len(f) < 6 {
 				continue
 			}
-			base := filepath.Base(f[5])
-			for _, a := range []string{"libjemalloc", "libmimalloc", "libtcmalloc"} {
-				if strings.HasPrefix(base, a) {
-					found[a] = true
-				}
+			if a, ok := memfile.ZeroFillAllocator(f[5]); ok {
+				found[a] = true
 			}
 		}
 	}

@@ -40,6 +40,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/pstree"
 	remap "github.com/checkpoint-restore/go-criu/v8/crit/images/remap-file-path"
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
+	"github.com/lazyfork/lazyfork/lib/undo"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
@@ -217,11 +218,11 @@ func Rewrite(ctx context.Context, opts Options) (res *Result, retErr error) {
 		}
 	}
 	r := &rewriter{opts: opts, set: set, res: &Result{}}
-	var undo cleanup
+	var steps undo.Stack
 	defer func() {
 		r.release()
 		if retErr != nil {
-			if err := undo.run(); err != nil {
+			if err := steps.Run(); err != nil {
 				retErr = errors.Join(retErr, err)
 			}
 		}
@@ -229,13 +230,13 @@ func Rewrite(ctx context.Context, opts Options) (res *Result, retErr error) {
 	if err := r.plan(); err != nil {
 		return nil, err
 	}
-	if err := r.createFiles(&undo); err != nil {
+	if err := r.createFiles(&steps); err != nil {
 		return nil, err
 	}
 	if err := r.fill(ctx); err != nil {
 		return nil, err
 	}
-	if err := r.writeImages(ctx, &undo); err != nil {
+	if err := r.writeImages(ctx, &steps); err != nil {
 		return nil, err
 	}
 	if err := r.finish(); err != nil {
@@ -459,6 +460,19 @@ func Detect(imagesDir string) (allocators []string, err error) {
 	return set.allocators(), nil
 }
 
+// ZeroFillAllocator reports whether the mapped file path is an allocator library that
+// relies on MADV_DONTNEED zero-fill, and which (libjemalloc, libmimalloc, libtcmalloc).
+// The rewrite checks an image's mappings with it, lf-dump a live container's.
+func ZeroFillAllocator(path string) (string, bool) {
+	base := filepath.Base(path)
+	for _, lib := range []string{"libjemalloc", "libmimalloc", "libtcmalloc"} {
+		if strings.HasPrefix(base, lib) {
+			return lib, true
+		}
+	}
+	return "", false
+}
+
 func (s *imageSet) allocators() []string {
 	seen := map[string]bool{}
 	var out []string
@@ -472,31 +486,12 @@ func (s *imageSet) allocators() []string {
 				continue
 			}
 			name := fe.GetReg().GetName()
-			base := filepath.Base(name)
-			for _, lib := range []string{"libjemalloc", "libmimalloc", "libtcmalloc"} {
-				if strings.HasPrefix(base, lib) && !seen[name] {
-					seen[name] = true
-					out = append(out, name)
-				}
+			if _, ok := ZeroFillAllocator(name); ok && !seen[name] {
+				seen[name] = true
+				out = append(out, name)
 			}
 		}
 	}
 	sort.Strings(out)
 	return out
-}
-
-// cleanup is a stack of undo steps run in reverse on failure.
-type cleanup struct{ steps []func() error }
-
-func (c *cleanup) push(f func() error) { c.steps = append(c.steps, f) }
-
-func (c *cleanup) run() error {
-	var errs []error
-	for i := len(c.steps) - 1; i >= 0; i-- {
-		if err := c.steps[i](); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	c.steps = nil
-	return errors.Join(errs...)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/fown"
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/regfile"
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
+	"github.com/lazyfork/lazyfork/lib/undo"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
@@ -248,14 +249,14 @@ func (r *rewriter) scanFamily(base string, off, n int64) (pages, size int64, err
 }
 
 // createFiles creates every memory file (O_EXCL) at its apparent size.
-func (r *rewriter) createFiles(undo *cleanup) error {
+func (r *rewriter) createFiles(steps *undo.Stack) error {
 	for _, mf := range r.files {
 		f, err := os.OpenFile(mf.path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o400)
 		if err != nil {
 			return fmt.Errorf("create memory file: %w", err)
 		}
 		path := mf.path
-		undo.push(func() error {
+		steps.Push(func() error {
 			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return fmt.Errorf("remove memory file: %w", err)
 			}
@@ -466,7 +467,7 @@ func (r *rewriter) copyLibrary(dst int, mf *memFile, v *vmaInfo) error {
 }
 
 // writeImages writes the edited mm, pagemap, pages and files images under temp names.
-func (r *rewriter) writeImages(ctx context.Context, undo *cleanup) error {
+func (r *rewriter) writeImages(ctx context.Context, steps *undo.Stack) error {
 	anyChange := false
 	for _, t := range r.set.tasks {
 		if !t.changed {
@@ -476,7 +477,7 @@ func (r *rewriter) writeImages(ctx context.Context, undo *cleanup) error {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("rewrite: %w", err)
 		}
-		if err := r.writePagesImage(t, undo); err != nil {
+		if err := r.writePagesImage(t, steps); err != nil {
 			return err
 		}
 		head := t.pmImg.Entries[0]
@@ -497,7 +498,7 @@ func (r *rewriter) writeImages(ctx context.Context, undo *cleanup) error {
 			}
 			pm.Entries = append(pm.Entries, &crit.CriuEntry{Message: pe})
 		}
-		if err := r.store(t.pmName, pm, undo); err != nil {
+		if err := r.store(t.pmName, pm, steps); err != nil {
 			return err
 		}
 		for _, v := range t.vmas {
@@ -508,12 +509,12 @@ func (r *rewriter) writeImages(ctx context.Context, undo *cleanup) error {
 				v.e.Madv = proto.Uint64(v.e.GetMadv() | madvMergeable)
 			}
 		}
-		if err := r.store(t.mmName, t.mmImg, undo); err != nil {
+		if err := r.store(t.mmName, t.mmImg, steps); err != nil {
 			return err
 		}
 	}
 	if anyChange {
-		if err := r.store("files.img", r.set.files, undo); err != nil {
+		if err := r.store("files.img", r.set.files, steps); err != nil {
 			return err
 		}
 	}
@@ -556,12 +557,12 @@ func (r *rewriter) pointAt(v *vmaInfo) {
 	r.set.fileByID[id] = fe
 }
 
-func (r *rewriter) store(name string, img *crit.CriuImage, undo *cleanup) error {
+func (r *rewriter) store(name string, img *crit.CriuImage, steps *undo.Stack) error {
 	tmp := filepath.Join(r.set.dir, ".lf-tmp-"+name)
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove stale %s: %w", tmp, err)
 	}
-	undo.push(func() error { return removeIfExists(tmp) })
+	steps.Push(func() error { return removeIfExists(tmp) })
 	if err := storeImage(tmp, img); err != nil {
 		return err
 	}
@@ -570,7 +571,7 @@ func (r *rewriter) store(name string, img *crit.CriuImage, undo *cleanup) error 
 }
 
 // writePagesImage copies the pages that stay in the image into a new pages image.
-func (r *rewriter) writePagesImage(t *task, undo *cleanup) error {
+func (r *rewriter) writePagesImage(t *task, steps *undo.Stack) error {
 	name := fmt.Sprintf("pages-%d.img", t.pagesID)
 	src, err := os.Open(filepath.Join(r.set.dir, name))
 	if err != nil {
@@ -584,7 +585,7 @@ func (r *rewriter) writePagesImage(t *task, undo *cleanup) error {
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove stale %s: %w", tmp, err)
 	}
-	undo.push(func() error { return removeIfExists(tmp) })
+	steps.Push(func() error { return removeIfExists(tmp) })
 	dst, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("create image %s: %w", name, err)

@@ -26,6 +26,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/procfs"
 	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/undo"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -101,20 +102,6 @@ func NetMode(s string) (string, error) {
 // MemDir is where a root container's (empty) /.lazyfork/mem lives on the host.
 func MemDir(id string) string { return filepath.Join(paths.Run(), "mem", id) }
 
-// undo is a stack of clean-up steps run in reverse when an operation fails half-way.
-type undo []func() error
-
-func (u *undo) push(f func() error) { *u = append(*u, f) }
-func (u undo) run() error {
-	var errs []error
-	for i := len(u) - 1; i >= 0; i-- {
-		if err := u[i](); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // Create starts a new container and records it. On failure nothing remains.
 func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Container, retErr error) {
 	if o.Name != "" {
@@ -161,10 +148,10 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		user = img.User
 	}
 
-	var cleanup undo
+	var cleanup undo.Stack
 	defer func() {
 		if retErr != nil {
-			if err := cleanup.run(); err != nil {
+			if err := cleanup.Run(); err != nil {
 				retErr = fmt.Errorf("%w (clean-up also failed: %v)", retErr, err)
 			}
 		}
@@ -191,8 +178,8 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 	if err != nil {
 		return nil, err
 	}
-	cleanup.push(func() error { return r.Tree.Remove(c.ID) })
-	cleanup.push(func() error { return r.releaseNetwork(c) })
+	cleanup.Push(func() error { return r.Tree.Remove(c.ID) })
+	cleanup.Push(func() error { return r.releaseNetwork(c) })
 
 	lower := slices.Clone(img.Layers)
 	slices.Reverse(lower) // overlayfs wants the top-most layer first
@@ -201,7 +188,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 	if err := overlay.Prepare(layer); err != nil {
 		return nil, err
 	}
-	cleanup.push(func() error { return overlay.Teardown(layer) })
+	cleanup.Push(func() error { return overlay.Teardown(layer) })
 
 	// The user is looked up in the image's own account files, inside the mounted root.
 	if err := prof.ResolveUser(c.RootFS, user); err != nil {
@@ -215,13 +202,13 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 	if err := os.MkdirAll(c.MemDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create %s: %w", c.MemDir, err)
 	}
-	cleanup.push(func() error { return fsutil.RemoveAll(c.MemDir) })
+	cleanup.Push(func() error { return fsutil.RemoveAll(c.MemDir) })
 
 	cg, err := cgroup.Create(c.ID, r.CgroupParent)
 	if err != nil {
 		return nil, err
 	}
-	cleanup.push(func() error { _ = cg.Kill(); return cg.Remove() })
+	cleanup.Push(func() error { _ = cg.Kill(); return cg.Remove() })
 	if err := cg.SetLimits(Limits(c)); err != nil {
 		return nil, err
 	}
