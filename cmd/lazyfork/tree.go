@@ -102,6 +102,14 @@ type treeCreateCmd struct {
 	KSM     bool     `name:"ksm" help:"Mark the tree's memory mergeable by KSM (same-tenant hosts only)."`
 	JSON    bool     `help:"Print the tree as JSON."`
 	budgetFlags
+
+	// As lazyfork create.
+	Hook       string `help:"Runtime hook socket inside the root container (see lazyfork create --help)."`
+	User       string `short:"u" help:"User to run as: uid[:gid] or names from the image."`
+	Memory     string `short:"m" help:"Memory limit of the root and each fork (k, m or g suffix)."`
+	PidsLimit  int64  `name:"pids-limit" help:"Most tasks the root and each fork may hold."`
+	Privileged bool   `help:"Run without confinement (see docs/security.md)."`
+	Net        string `default:"none" enum:"none,host" help:"Network: none or host (see lazyfork create --help)."`
 }
 
 func (c *treeCreateCmd) Run(ctx context.Context, g *Globals) error {
@@ -113,8 +121,16 @@ func (c *treeCreateCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
+	mem, err := parseBytes(c.Memory)
+	if err != nil {
+		return err
+	}
+	if c.PidsLimit < 0 {
+		return fmt.Errorf("--pids-limit %d: give a positive number of tasks", c.PidsLimit)
+	}
 	t, err := m.Create(ctx, snaptree.CreateOptions{Name: c.Name, Budget: b, KSM: c.KSM, Label: c.Label,
-		Container: runtime.CreateOptions{Image: c.Image, Name: c.Root, Command: dashdash(c.Command), Env: c.Env, Progress: os.Stderr}})
+		Container: runtime.CreateOptions{Image: c.Image, Name: c.Root, Command: dashdash(c.Command), Env: c.Env, Progress: os.Stderr,
+			Hook: c.Hook, User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net}})
 	return printTree(t, err, c.JSON)
 }
 
