@@ -808,6 +808,31 @@ class Bench:
                 frozen_ms=s["dump"]["frozen_ms"]))
             self.delete([f["id"] for f in forks] + [src["id"]])
 
+    # ---------- network modes: none (default) vs bridge vs host ----------
+
+    def network_rows(self, heap):
+        """Fork latency and memory per fork in each network mode, one after the other with the
+        same N. Bridge mode runs on a bridge and /24 of the benchmark's own (every fork gets an
+        address and a veth before CRIU restores into its namespace)."""
+        n = self.cfg["confine_n"]
+        os.environ.setdefault("LAZYFORK_BRIDGE", "lfbrbench")
+        os.environ.setdefault("LAZYFORK_SUBNET", "10.213.254.0/24")
+        for mode in ("none", "bridge", "host"):
+            method = f"lazyfork-net-{mode}"
+            src = self.create_source(heap, self.name(f"h{heap}", "net", mode, "src"), create_args=("--net", mode))
+            s = self.dump(src["id"])
+            self.snap_row(heap, f"memfiled ({method})", s)
+            pre = self.quiet()
+            forks, wall, _, smp = self.restore(s, n, [self.name(f"h{heap}", "net", mode, i) for i in range(n)])
+            ms = self.measure(forks, smp)
+            post = meminfo()
+            self.row(method, heap, n, ms, wall, pre, post, dict(
+                note={"none": "--net none (default): own namespace, loopback only",
+                      "bridge": "--net bridge: own namespace, veth and address per fork",
+                      "host": "--net host: the host's network"}[mode],
+                dump_ms=s["dump"]["wall_ms"], frozen_ms=s["dump"]["frozen_ms"]))
+            self.delete([f["id"] for f in forks] + [src["id"]])
+
     # ---------- idle forks: the agent only holds its heap ----------
 
     def idle_rows(self, heap):
@@ -1025,6 +1050,7 @@ class Bench:
             self.tree_rows(heap)
             self.idle_rows(heap)
             self.confinement_rows(heap)
+            self.network_rows(heap)
             self.repeat_rows(heap)
         self.share_rows(heap)
 

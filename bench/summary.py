@@ -286,6 +286,24 @@ def render(b):
               f"memory per fork {c['fork_mem_p50_bytes'] / pv['fork_mem_p50_bytes']:.2f}x.")
         w("")
 
+    # ---- network modes ----
+    nets = [r for r in rows if r["method"].startswith("lazyfork-net-") and r.get("forks_run")]
+    if nets:
+        w("## Fork cost per network mode (`--net none`, `bridge`, `host`)")
+        w("")
+        w("Three sources with the same agent, one per network mode, dumped and forked N times one after the "
+          "other. `none` (the default) restores the dumped namespace (loopback); `bridge` gives every fork a "
+          "namespace prepared before the restore with a veth pair on the bridge and its own address; `host` "
+          "restores into the host's network.")
+        w("")
+        order = {"lazyfork-net-none": 0, "lazyfork-net-bridge": 1, "lazyfork-net-host": 2}
+        rs = []
+        for r in sorted(nets, key=lambda r: (r["heap_mb"], order.get(r["method"], 9))):
+            rs.append([r["heap_mb"], r["n"], r["method"].removeprefix("lazyfork-net-"), ms(r["restore_p50_ms"]),
+                       ms(r["restore_p95_ms"]), mb(r["fork_mem_p50_bytes"], 3), ms(r.get("dump_ms")), ms(r.get("frozen_ms"))])
+        w(table(["heap MiB", "N", "--net", "restore ms p50", "p95", "MB per fork (p50)", "dump ms", "frozen ms"], rs))
+        w("")
+
     # ---- forking a live container again and again ----
     rep = [r for r in rows if r["method"] in ("lazyfork-repeat", "lazyfork-repeat-copy") and r.get("forks_run")]
     if rep:
