@@ -31,6 +31,7 @@ type createCmd struct {
 	PidsLimit  int64  `name:"pids-limit" help:"Most tasks (threads) the container and each fork may hold."`
 	Privileged bool   `help:"Run without confinement: every capability, no seccomp filter, no masked /proc paths, no device list (see docs/security.md)."`
 	Net        string `default:"none" enum:"none,bridge,host" help:"Network: none (a network namespace of its own, loopback only; each fork gets its own, so a server's port is free in every fork), bridge (the same plus an address on the LazyFork bridge, LAZYFORK_BRIDGE and LAZYFORK_SUBNET; each fork gets its own address) or host (the host's network)."`
+	Join       string `help:"Join the network namespace of this running --net none container: the two (and any others that join) are a cluster, forked as one cut with 'lazyfork cluster fork'."`
 	NAT        bool   `name:"nat" help:"With --net bridge: masquerade the container's (and its forks') traffic to the host's other networks; off by default, it reaches the host and other bridge containers only."`
 }
 
@@ -47,7 +48,7 @@ func (c *createCmd) Run(ctx context.Context, g *Globals) error {
 		return fmt.Errorf("--pids-limit %d: give a positive number of tasks", c.PidsLimit)
 	}
 	in, err := e.Create(ctx, client.CreateRequest{Image: c.Image, Name: c.Name, Command: dashdash(c.Command), Env: c.Env, Hook: c.Hook,
-		User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net, NAT: c.NAT}, os.Stderr)
+		User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net, NAT: c.NAT, Join: c.Join}, os.Stderr)
 	if err != nil {
 		return err
 	}

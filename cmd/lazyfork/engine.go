@@ -17,6 +17,7 @@ import (
 type engine interface {
 	Create(ctx context.Context, req client.CreateRequest, progress io.Writer) (*client.Info, error)
 	Fork(ctx context.Context, ref string, req client.ForkRequest, onFork func(client.Fork)) (*client.ForkResult, error)
+	ClusterFork(ctx context.Context, ref string, req client.ClusterForkRequest) (*client.ClusterFork, error)
 	Stop(ctx context.Context, ref string, req client.StopRequest) (*client.Info, error)
 	Start(ctx context.Context, ref string) (*client.Info, error)
 	Delete(ctx context.Context, ref string) error

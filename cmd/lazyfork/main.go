@@ -30,24 +30,25 @@ type Globals struct {
 type CLI struct {
 	Globals
 
-	Create createCmd `cmd:"" help:"Create and start a container from an image."`
-	Fork   forkCmd   `cmd:"" help:"Fork a running (or stopped) container into N copies that continue from the same instruction."`
-	Stop   stopCmd   `cmd:"" help:"Snapshot a container and end its processes; it stays forkable and can be started again."`
-	Start  startCmd  `cmd:"" help:"Restart a stopped container from its snapshot."`
-	Exec   execCmd   `cmd:"" help:"Run a command inside a container."`
-	Shell  shellCmd  `cmd:"" help:"Open an interactive shell inside a container."`
-	Attach attachCmd `cmd:"" help:"Stream a container's output (Ctrl-C detaches)."`
-	Freeze freezeCmd `cmd:"" help:"Pause every process of a container."`
-	Thaw   thawCmd   `cmd:"" help:"Resume a frozen container."`
-	Delete deleteCmd `cmd:"" aliases:"rm" help:"Stop a container and remove everything it holds."`
-	List   listCmd   `cmd:"" aliases:"ls,ps" help:"List containers."`
-	Tree   treeGroup `cmd:"" help:"Draw the lineage of forks (no subcommand), or manage snapshot trees."`
-	Stats  statsCmd  `cmd:"" help:"Memory, snapshot and timing figures of one container."`
-	GC     gcCmd     `cmd:"" name:"gc" help:"Remove memory files, layers and snapshots nothing references any more."`
-	Status statusCmd `cmd:"" help:"Host facts and container totals."`
-	Doctor doctorCmd `cmd:"" help:"Check every host requirement and name the fix for each missing one."`
-	Image  imageCmd  `cmd:"" help:"Manage the local image store."`
-	Daemon daemonCmd `cmd:"" help:"Run or manage the daemon (HTTP/JSON API on a unix socket)."`
+	Create  createCmd  `cmd:"" help:"Create and start a container from an image."`
+	Fork    forkCmd    `cmd:"" help:"Fork a running (or stopped) container into N copies that continue from the same instruction."`
+	Cluster clusterCmd `cmd:"" help:"Containers sharing one network namespace (create --join): fork them as one cut."`
+	Stop    stopCmd    `cmd:"" help:"Snapshot a container and end its processes; it stays forkable and can be started again."`
+	Start   startCmd   `cmd:"" help:"Restart a stopped container from its snapshot."`
+	Exec    execCmd    `cmd:"" help:"Run a command inside a container."`
+	Shell   shellCmd   `cmd:"" help:"Open an interactive shell inside a container."`
+	Attach  attachCmd  `cmd:"" help:"Stream a container's output (Ctrl-C detaches)."`
+	Freeze  freezeCmd  `cmd:"" help:"Pause every process of a container."`
+	Thaw    thawCmd    `cmd:"" help:"Resume a frozen container."`
+	Delete  deleteCmd  `cmd:"" aliases:"rm" help:"Stop a container and remove everything it holds."`
+	List    listCmd    `cmd:"" aliases:"ls,ps" help:"List containers."`
+	Tree    treeGroup  `cmd:"" help:"Draw the lineage of forks (no subcommand), or manage snapshot trees."`
+	Stats   statsCmd   `cmd:"" help:"Memory, snapshot and timing figures of one container."`
+	GC      gcCmd      `cmd:"" name:"gc" help:"Remove memory files, layers and snapshots nothing references any more."`
+	Status  statusCmd  `cmd:"" help:"Host facts and container totals."`
+	Doctor  doctorCmd  `cmd:"" help:"Check every host requirement and name the fix for each missing one."`
+	Image   imageCmd   `cmd:"" help:"Manage the local image store."`
+	Daemon  daemonCmd  `cmd:"" help:"Run or manage the daemon (HTTP/JSON API on a unix socket)."`
 }
 
 func main() {

@@ -4,9 +4,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
 // The porcelain in bridge mode: a web server and its forks each get an address (list,
@@ -63,5 +69,77 @@ func TestBridgeModeFromTheCLI(t *testing.T) {
 	}
 	if _, errOut, code := e.sh("lazyfork create lazyfork/debian:bookworm --net bridge --nat=false -- true && LAZYFORK_SUBNET=10.213.0.1/24 lazyfork create lazyfork/debian:bookworm --net bridge -- true"); code == 0 || !strings.Contains(errOut, "host bits set") || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
 		t.Errorf("bad subnet: exit %d: %q", code, errOut)
+	}
+}
+
+// A cluster from the CLI: a server, a client that joins its namespace, forked twice as one
+// cut; the JSON names each member's pause and copies, and every fork's client goes on.
+func TestClusterFromTheCLI(t *testing.T) {
+	e := newEnv(t)
+	dir := t.TempDir()
+	srv := `import socket, threading
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 8080)); srv.listen(8)
+def serve(c):
+    while True:
+        d = c.recv(64)
+        if not d:
+            return
+        c.sendall(b"pong " + d)
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+`
+	cl := `import socket, time, itertools
+while True:
+    try:
+        cl = socket.create_connection(("127.0.0.1", 8080))
+        break
+    except OSError:
+        time.sleep(0.1)
+for i in itertools.count():
+    cl.sendall(b"%d" % i)
+    print(cl.recv(64).decode(), flush=True)
+    time.sleep(0.1)
+`
+	for name, prog := range map[string]string{"srv.py": srv, "cl.py": cl} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(prog), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.must(fmt.Sprintf(`lazyfork create lazyfork/debian:bookworm --name srv -- python3 -c "$(cat %s/srv.py)"`, dir))
+	e.must(fmt.Sprintf(`lazyfork create lazyfork/debian:bookworm --name cl --join srv -- python3 -c "$(cat %s/cl.py)"`, dir))
+	if _, errOut, code := e.sh("lazyfork create lazyfork/debian:bookworm --net bridge --join srv -- true"); code == 0 || !strings.Contains(errOut, "--net none") {
+		t.Errorf("a bridge member: exit %d: %s", code, errOut)
+	}
+	count := func(ref string) int {
+		out, _, _ := e.sh("lazyfork attach --no-follow " + ref + " | grep -c pong")
+		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		return n
+	}
+	testutil.Eventually(t, 15*time.Second, "the pair to talk", func() bool { return count("cl") > 3 })
+	var res struct {
+		Kind    string
+		Leaders []string
+		Members []struct {
+			ID      string
+			PauseMs float64 `json:"pause_ms"`
+			Forks   []struct{ ID string }
+		}
+	}
+	if err := json.Unmarshal([]byte(e.must("lazyfork cluster fork cl -n 2 --json")), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Kind != "lazyfork.cluster-fork" || len(res.Leaders) != 2 || len(res.Members) != 2 {
+		t.Fatalf("result %+v", res)
+	}
+	for _, m := range res.Members {
+		if m.PauseMs <= 0 || len(m.Forks) != 2 {
+			t.Errorf("member %+v", m)
+		}
+	}
+	for _, ref := range []string{"cl", res.Members[1].Forks[0].ID, res.Members[1].Forks[1].ID} {
+		n := count(ref)
+		testutil.Eventually(t, 15*time.Second, ref+"'s client to go on", func() bool { return count(ref) > n+5 })
 	}
 }

@@ -127,6 +127,12 @@ func (c *Client) Stop(ctx context.Context, ref string, req StopRequest) (*Info, 
 	return &out, c.do(ctx, "POST", ctrPath(ref, "stop"), req, &out)
 }
 
+// ClusterFork forks every member of ref's cluster as one cut, req.N times.
+func (c *Client) ClusterFork(ctx context.Context, ref string, req ClusterForkRequest) (*ClusterFork, error) {
+	var out ClusterFork
+	return &out, c.do(ctx, "POST", ctrPath(ref, "cluster-fork"), req, &out)
+}
+
 // Start restarts a stopped container from its snapshot.
 func (c *Client) Start(ctx context.Context, ref string) (*Info, error) {
 	var out Info

@@ -29,6 +29,8 @@ type Info struct {
 	Address string `json:"address,omitempty"`
 	Bridge  string `json:"bridge,omitempty"`
 	NAT     bool   `json:"nat,omitempty"`
+	// Cluster is the leader's id when the container is a cluster member (or leader).
+	Cluster string `json:"cluster,omitempty"`
 }
 
 // TreeNode is a container with its forks, for GET /v1/tree.
@@ -39,6 +41,15 @@ type TreeNode struct {
 
 // Fork is one new fork: the line lf-restore prints.
 type Fork = stage.Fork
+
+// ClusterForkRequest is the body of POST /v1/containers/{ref}/cluster-fork.
+type ClusterForkRequest struct {
+	N     int  `json:"n,omitempty"` // forks of the whole cluster; default 1
+	Force bool `json:"force,omitempty"`
+}
+
+// ClusterFork is its answer: per member, the cut's pause and its copy in each fork.
+type ClusterFork = stage.ClusterFork
 
 // CreateRequest is the body of POST /v1/containers.
 type CreateRequest struct {
@@ -61,6 +72,9 @@ type CreateRequest struct {
 	Net string `json:"net,omitempty"`
 	// NAT masquerades a bridge-mode container's traffic to the host's other networks.
 	NAT bool `json:"nat,omitempty"`
+	// Join makes the container a member of the cluster of this (running, --net none)
+	// container: it shares that network namespace.
+	Join string `json:"join,omitempty"`
 }
 
 // HookOptions choose what happens when a runtime hook does not answer.

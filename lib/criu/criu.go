@@ -112,7 +112,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		}()
 	}
 	t := rpc.CriuReqType_DUMP
-	res, err := swrk(ctx, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, nil, o.Notify, o.Hold)
+	res, err := swrk(ctx, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, nil, o.Notify, o.Hold, o.NetNS)
 	logPath := filepath.Join(workDir, opts.GetLogFile())
 	if err != nil || !res.resp.GetSuccess() {
 		if o.FreezeCgroup != "" && ctx.Err() != nil {
@@ -177,13 +177,13 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	// reports an error, criu gets ErrorGrace to exit before it is killed, not the deadline.
 	ctx, stalled := watchErrors(ctx, logPath, ErrorGrace)
 	var res result
-	if o.Service != nil && ownMountNS {
+	if o.Service != nil && ownMountNS && o.NetNS == "" {
 		// A service restores detached under its worker (it refuses rst_sibling); the
 		// worker's exit hands the root to us, the subreaper.
 		opts.RstSibling = nil
 		res, err = o.Service.call(ctx, req, o.JoinCgroup, o.Notify)
 	} else {
-		res, err = swrk(ctx, req, kdat, o.JoinCgroup, o.Notify, o.Hold)
+		res, err = swrk(ctx, req, kdat, o.JoinCgroup, o.Notify, o.Hold, o.NetNS)
 	}
 	if err != nil && stalled() {
 		err = fmt.Errorf("criu reported an error and did not exit within %v: %w", ErrorGrace, err)

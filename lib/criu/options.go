@@ -121,6 +121,10 @@ type DumpOptions struct {
 	// Hold is kept open by criu until it exits (the caller's state lock): a criu that
 	// outlives a killed caller still holds it, so GC waits for it (swrk only).
 	Hold *os.File
+	// NetNS is a network namespace (a /proc/.../ns/net path) criu runs in: the tree's own
+	// namespace is then criu's and is not dumped (cluster members: their shared namespace
+	// is made again for each fork, and every member restored into it).
+	NetNS string
 }
 
 // RestoreOptions describe one restore.
@@ -159,6 +163,9 @@ type RestoreOptions struct {
 	// Hold is kept open by criu until it exits (the caller's state lock): a criu that
 	// outlives a killed caller still holds it, so GC waits for it (swrk only).
 	Hold *os.File
+	// NetNS is a network namespace criu runs in, and restores a tree dumped without a
+	// namespace of its own (DumpOptions.NetNS) into. Served by swrk, never the service.
+	NetNS string
 	// Service, when set, serves the restore from a long-lived criu instead of a new swrk
 	// (trees without their own mount namespace still get a swrk).
 	Service *Service

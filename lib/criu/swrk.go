@@ -58,7 +58,7 @@ type result struct {
 // response. It returns an error when criu could not be run, failed (resp.success false), did
 // not answer, or the deadline passed; criu is SIGKILLed on deadline or cancel and always
 // reaped before swrk returns.
-func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc, hold *os.File) (res result, retErr error) {
+func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc, hold *os.File, netns ...string) (res result, retErr error) {
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
@@ -111,7 +111,16 @@ func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []str
 	startedCh, reaped := make(chan started, 1), make(chan struct{})
 	go func() {
 		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
+		if len(netns) > 0 && netns[0] != "" {
+			// criu is born in that network namespace; the thread, which joined it too, is
+			// thrown away once criu is reaped (never unlocked).
+			if err := joinNetNS(netns[0]); err != nil {
+				startedCh <- started{false, err}
+				return
+			}
+		} else {
+			defer runtime.UnlockOSThread()
+		}
 		kdat, err := start(cmd, kdatDir, joinProcs)
 		startedCh <- started{kdat, err}
 		if err == nil {
@@ -177,6 +186,19 @@ func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []str
 		return res, ctxErr
 	}
 	return res, err
+}
+
+// joinNetNS moves the calling (locked) thread into the network namespace at path.
+func joinNetNS(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open network namespace %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("join network namespace %s: %w", path, err)
+	}
+	return nil
 }
 
 // converse runs the request/notify/response exchange on conn.

@@ -97,25 +97,26 @@ func NewServer(svc *Service, cfg Config) *Server {
 		s.access = a
 	}
 	routes := map[string]http.HandlerFunc{
-		"GET /v1/ping":                     s.ping,
-		"GET /v1/status":                   s.status,
-		"GET /v1/events":                   s.events,
-		"GET /v1/tree":                     s.tree,
-		"GET /v1/containers":               s.list,
-		"POST /v1/containers":              s.create,
-		"GET /v1/containers/{ref}":         s.get,
-		"DELETE /v1/containers/{ref}":      s.delete,
-		"POST /v1/containers/{ref}/fork":   s.fork,
-		"POST /v1/containers/{ref}/exec":   s.exec,
-		"POST /v1/containers/{ref}/stop":   s.stopContainer,
-		"POST /v1/containers/{ref}/start":  s.start,
-		"POST /v1/containers/{ref}/freeze": s.freeze,
-		"POST /v1/containers/{ref}/thaw":   s.thaw,
-		"GET /v1/containers/{ref}/stats":   s.stats,
-		"GET /v1/containers/{ref}/logs":    s.logs,
-		"POST /v1/gc":                      s.gc,
-		"POST /v1/clean":                   s.clean,
-		"POST /v1/shutdown":                s.shutdown,
+		"GET /v1/ping":                           s.ping,
+		"GET /v1/status":                         s.status,
+		"GET /v1/events":                         s.events,
+		"GET /v1/tree":                           s.tree,
+		"GET /v1/containers":                     s.list,
+		"POST /v1/containers":                    s.create,
+		"GET /v1/containers/{ref}":               s.get,
+		"DELETE /v1/containers/{ref}":            s.delete,
+		"POST /v1/containers/{ref}/fork":         s.fork,
+		"POST /v1/containers/{ref}/cluster-fork": s.clusterFork,
+		"POST /v1/containers/{ref}/exec":         s.exec,
+		"POST /v1/containers/{ref}/stop":         s.stopContainer,
+		"POST /v1/containers/{ref}/start":        s.start,
+		"POST /v1/containers/{ref}/freeze":       s.freeze,
+		"POST /v1/containers/{ref}/thaw":         s.thaw,
+		"GET /v1/containers/{ref}/stats":         s.stats,
+		"GET /v1/containers/{ref}/logs":          s.logs,
+		"POST /v1/gc":                            s.gc,
+		"POST /v1/clean":                         s.clean,
+		"POST /v1/shutdown":                      s.shutdown,
 	}
 	for pattern, h := range s.treeRoutes() {
 		routes[pattern] = h
@@ -354,6 +355,15 @@ func (s *Server) stopContainer(w http.ResponseWriter, r *http.Request) {
 	}
 	in, err := s.svc.Stop(r.Context(), r.PathValue("ref"), req)
 	reply(w, http.StatusOK, in, err)
+}
+
+func (s *Server) clusterFork(w http.ResponseWriter, r *http.Request) {
+	var req client.ClusterForkRequest
+	if !s.body(w, r, &req, true) {
+		return
+	}
+	res, err := s.svc.ClusterFork(r.Context(), r.PathValue("ref"), req)
+	reply(w, http.StatusOK, res, err)
 }
 
 func (s *Server) start(w http.ResponseWriter, r *http.Request) {

@@ -131,7 +131,7 @@ func (s *Service) createOptions(ctx context.Context, req client.CreateRequest, p
 	return runtime.CreateOptions{
 		Image: req.Image, Name: req.Name, Command: req.Command, Env: env, Hook: req.Hook, Progress: progress,
 		User: req.User, Memory: req.Memory, PidsLimit: req.PidsLimit, Privileged: req.Privileged,
-		Net: req.Net, NAT: req.NAT,
+		Net: req.Net, NAT: req.NAT, Join: req.Join,
 	}, nil
 }
 
@@ -181,6 +181,48 @@ func (s *Service) Fork(ctx context.Context, ref string, req client.ForkRequest, 
 	}
 	for _, f := range forks {
 		s.Events.Publish(client.Event{Type: client.EventFork, ID: f.ID, Name: f.Name, Parent: f.Parent, Snapshot: f.Snapshot})
+	}
+	return res, nil
+}
+
+// ClusterFork forks every member of ref's cluster as one coordinated cut (lib/fork).
+func (s *Service) ClusterFork(ctx context.Context, ref string, req client.ClusterForkRequest) (*client.ClusterFork, error) {
+	n := req.N
+	switch {
+	case n < 0:
+		return nil, badRequest("n must be at least 1")
+	case n == 0:
+		n = 1
+	case n > MaxForks:
+		return nil, badRequest("n = %d: at most %d forks per request", n, MaxForks)
+	}
+	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	members, err := s.RT.Members(c)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range members {
+		if m.ID == c.ID {
+			continue
+		}
+		_, unlockM, err := guard.Lock(ctx, s.RT.Tree, m.ID, 0)
+		if err != nil {
+			return nil, err
+		}
+		defer unlockM()
+	}
+	res, err := fork.ForkCluster(context.WithoutCancel(ctx), s.RT, c, fork.ClusterOptions{N: n, Force: req.Force})
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range res.Members {
+		for _, f := range m.Forks {
+			s.Events.Publish(client.Event{Type: client.EventFork, ID: f.ID, Name: f.Name, Parent: f.Parent, Snapshot: f.Snapshot})
+		}
 	}
 	return res, nil
 }

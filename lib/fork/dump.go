@@ -55,6 +55,10 @@ type DumpOptions struct {
 	// happened (Snapshot.Swap): a tree holding a stopped task cannot be frozen first and
 	// is copied as before.
 	Swap bool
+	// NetNS dumps from inside this network namespace (a cluster's): the image then holds
+	// no namespace (Snapshot.SharedNetNS). Cut accepts a source the cluster's cut froze.
+	NetNS string
+	Cut   bool
 }
 
 // LayersDir holds the frozen upper layers forks stack on.
@@ -71,7 +75,11 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	if err := stage.CheckRecord(c); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
-	if err := guard.Check(guard.OpDump, c, rt.State(c)); err != nil {
+	state := rt.State(c)
+	if o.Cut && state == tree.StateFrozen {
+		state = tree.StateRunning // frozen by ForkCluster for the cut, not by the user
+	}
+	if err := guard.Check(guard.OpDump, c, state); err != nil {
 		return nil, err
 	}
 	cg, err := cgroup.LoadOwned(c.Cgroup)
@@ -110,7 +118,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		Layer:       filepath.Join(LayersDir(), id),
 		Image:       c.Image, Command: c.Command, Env: c.Env, WorkingDir: c.WorkingDir, Hook: c.Hook,
 		Confine: c.Confine, Memory: c.Memory, PidsLimit: c.PidsLimit, Net: c.Net,
-		Bridge: c.Bridge, Addr: c.Addr, NAT: c.NAT,
+		Bridge: c.Bridge, Addr: c.Addr, NAT: c.NAT, SharedNetNS: o.NetNS != "",
 	}
 	if s.Family == "" {
 		s.Family = id // a root container's first generation of forks starts a family
@@ -178,6 +186,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	}()
 	var layerTime time.Duration
 	res, err := criu.Dump(ctx, criu.DumpOptions{
+		NetNS:          o.NetNS,
 		Pid:            c.Pid,
 		ImagesDir:      s.ImagesDir,
 		LeaveRunning:   !o.Exit,

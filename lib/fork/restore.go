@@ -41,6 +41,13 @@ type RestoreOptions struct {
 	// Hook: the wait for each fork's answer to RESEED, and whether a fork whose runtime
 	// does not answer in time is kept anyway (Fork also uses it for QUIESCE).
 	Hook hook.Options
+	// NetNS restores a cluster member's snapshot (dumped from inside its cluster's
+	// namespace) into the network namespace at this path, with a criu started there
+	// (ForkCluster). Cluster is the new records' cluster id; ClusterLeader makes each new
+	// record its own cluster's leader.
+	NetNS         string
+	Cluster       string
+	ClusterLeader bool
 }
 
 // Restore makes o.N forks of a memfiled snapshot. Every fork is a new container with its
@@ -72,6 +79,9 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 	if err := checkRestorable(s); err != nil {
 		return nil, err
 	}
+	if s.SharedNetNS && o.NetNS == "" {
+		return nil, fmt.Errorf("restore %s: it is a cluster member's snapshot (no network namespace of its own): fork the cluster (`lazyfork cluster fork`)", s.ID)
+	}
 	unlock, hold, err := lockSharedHeld(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("restore %s: %w", s.ID, err)
@@ -85,7 +95,7 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 		par = goruntime.NumCPU()
 	}
 	svc := o.Service
-	if o.PerForkCriu {
+	if o.PerForkCriu || o.NetNS != "" {
 		svc = nil
 	} else if svc == nil || !svc.Alive() {
 		if svc, err = criu.StartService(ctx, kdatDir()); err != nil {
@@ -109,6 +119,10 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 		c.Parent, c.Depth = s.Source.ID, s.Source.Depth+1
 		c.Lower = s.Lower
 		c.Family, c.MemDir = s.Family, s.FamilyDir
+		c.Cluster = o.Cluster
+		if o.ClusterLeader {
+			c.Cluster = c.ID
+		}
 		if alloc != nil {
 			c.Bridge, c.NAT = s.Bridge, s.NAT
 			var err error
@@ -142,7 +156,7 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 			if ctx.Err() != nil {
 				return
 			}
-			f, err := restoreOne(ctx, rt, s, svc, hold, forks[i], o.Hook)
+			f, err := restoreOne(ctx, rt, s, svc, hold, forks[i], o.Hook, o.NetNS)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -202,9 +216,9 @@ func makeDumpedFamily(s *stage.Snapshot) error {
 
 // restoreOne starts the reserved fork c; the batch deletes it if anything fails. Its
 // restore_ms runs from here (its record was written with the batch's) to running.
-func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *tree.Container, h hook.Options) (stage.Fork, error) {
+func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *tree.Container, h hook.Options, netns string) (stage.Fork, error) {
 	begin := time.Now()
-	if err := start(ctx, rt, c, s, c.Upper, svc, hold); err != nil {
+	if err := startIn(ctx, rt, c, s, c.Upper, c.ID, svc, hold, true, netns); err != nil {
 		return stage.Fork{}, err
 	}
 	if err := hook.Reseed(ctx, c, h); err != nil {
@@ -228,7 +242,7 @@ func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc
 // start mounts c's overlay (lower = the snapshot's stack, the given upper), makes its
 // cgroup and restores the snapshot into them. The caller undoes a failure with Delete.
 func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper string, svc *criu.Service, hold *os.File) error {
-	return startIn(ctx, rt, c, s, upper, c.ID, svc, hold, true)
+	return startIn(ctx, rt, c, s, upper, c.ID, svc, hold, true, "")
 }
 
 // startIn is start with the container's cgroup named cgName (a swapped source gets a new
@@ -236,7 +250,9 @@ func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage
 // state lock criu keeps while it runs (see criu.RestoreOptions.Hold). rename sets
 // the restored tree's hostname to the record's (forks); a swapped source keeps whatever
 // its processes had set, as it is the same container.
-func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, hold *os.File, rename bool) error {
+//
+// netns, for a cluster member's snapshot, is the namespace criu runs in and restores into.
+func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, hold *os.File, rename bool, netns string) error {
 	layer := overlay.Layer{Lower: c.Lower, Upper: upper, Work: c.Work, Target: c.RootFS}
 	if err := overlay.Prepare(layer); err != nil {
 		return fmt.Errorf("fork %s: %w", c.ID, err)
@@ -273,6 +289,7 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 		JoinCgroup: cg.ProcsFiles(),
 		Service:    svc,
 		Hold:       hold,
+		NetNS:      netns,
 		Notify: func(script string, pid int) error {
 			if pid <= 0 {
 				return nil

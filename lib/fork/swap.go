@@ -89,7 +89,7 @@ func Swap(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.
 	// the minute a fork's restore may take (a caller killed meanwhile would leave the source
 	// frozen until GC), and a criu that logged an error is killed sooner (criu.ErrorGrace).
 	rctx, cancel := context.WithTimeout(ctx, SwapRestoreTimeout)
-	err = startIn(rctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, nil, hold, false)
+	err = startIn(rctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, nil, hold, false, "")
 	cancel()
 	if err != nil {
 		return fmt.Errorf("swap %s: %w", c.Display(), err)

@@ -31,7 +31,8 @@ type initConfig struct {
 	WorkingDir string          `json:"working_dir"`
 	MemDir     string          `json:"mem_dir"`
 	Confine    confine.Profile `json:"confine"`
-	OwnNet     bool            `json:"own_net"` // a new network namespace: bring loopback up
+	OwnNet     bool            `json:"own_net"`  // a new network namespace: bring loopback up
+	JoinNet    bool            `json:"join_net"` // join the network namespace open on fd 5
 }
 
 // Paths inside every container.
@@ -82,6 +83,13 @@ func containerInit() error {
 	}
 	cfgFile.Close()
 
+	if cfg.JoinNet {
+		// A cluster member: its leader's namespace, before anything of the user's runs.
+		if err := unix.Setns(5, unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("join the cluster's network namespace: %w", err)
+		}
+		unix.Close(5)
+	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}

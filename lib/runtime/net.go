@@ -3,6 +3,7 @@ package runtime
 import (
 	"fmt"
 	"net/netip"
+	"os"
 
 	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -86,4 +87,68 @@ func AttachNetwork(pid int, c *tree.Container, parent string) error {
 		}
 	}
 	return nil
+}
+
+// joinable checks that ref can take a new cluster member (running, --net none, its own
+// namespace) and opens its network namespace. The new member's mode must be none too.
+func (r *Runtime) joinable(ref, net string, nat bool) (*tree.Container, *os.File, error) {
+	l, err := r.Tree.Resolve(ref)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--join %s: %w", ref, err)
+	}
+	if l.Cluster != "" && l.Cluster != l.ID {
+		// A member: the cluster is its leader's.
+		if l, err = r.Tree.Get(l.Cluster); err != nil {
+			return nil, nil, fmt.Errorf("--join %s: its cluster's leader: %w", ref, err)
+		}
+	}
+	if net != NetNone || nat || l.Net != NetNone {
+		return nil, nil, fmt.Errorf("--join %s: clusters share a --net none namespace (loopback only); %s is --net %s and the new member --net %s", ref, l.Display(), l.Net, net)
+	}
+	if st := r.State(l); st != tree.StateRunning {
+		return nil, nil, fmt.Errorf("--join %s: it is %s; a cluster grows around a running container", ref, st)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", l.Pid))
+	if err != nil {
+		return nil, nil, fmt.Errorf("--join %s: %w", ref, err)
+	}
+	// The namespace opened must still be that container's (its pid was not reused).
+	if !Alive(l) {
+		f.Close()
+		return nil, nil, fmt.Errorf("--join %s: it exited", ref)
+	}
+	if l.Cluster == "" {
+		l.Cluster = l.ID // the leader names itself once it has members
+		if err := r.Tree.Put(l); err != nil {
+			f.Close()
+			return nil, nil, err
+		}
+	}
+	return l, f, nil
+}
+
+// Members returns the cluster c belongs to, leader first, in creation order (c alone when
+// it is in none).
+func (r *Runtime) Members(c *tree.Container) ([]*tree.Container, error) {
+	if c.Cluster == "" {
+		return []*tree.Container{c}, nil
+	}
+	all, err := r.Tree.List()
+	if err != nil {
+		return nil, err
+	}
+	var out []*tree.Container
+	for _, o := range all {
+		if o.Cluster == c.Cluster {
+			if o.ID == c.Cluster {
+				out = append([]*tree.Container{o}, out...)
+			} else {
+				out = append(out, o)
+			}
+		}
+	}
+	if len(out) == 0 || out[0].ID != c.Cluster {
+		return nil, fmt.Errorf("cluster %s: its leader's record is gone", c.Cluster)
+	}
+	return out, nil
 }

@@ -143,7 +143,7 @@ type Info = client.Info
 func (r *Runtime) Inspect(c *tree.Container) Info {
 	in := Info{ID: c.ID, Name: c.Name, State: r.State(c), Parent: c.Parent, Depth: c.Depth,
 		Image: c.Image, Command: c.Command, Created: c.Created, Hook: c.Hook,
-		Net: c.Net, Bridge: c.Bridge, NAT: c.NAT}
+		Net: c.Net, Bridge: c.Bridge, NAT: c.NAT, Cluster: c.Cluster}
 	if in.Net == "" {
 		in.Net = NetHost // a record from before network namespaces
 	}

@@ -79,6 +79,9 @@ type CreateOptions struct {
 	// NAT masquerades a bridge-mode container's traffic to the host's other networks
 	// (off by default: it reaches the host and the other bridge-mode containers only).
 	NAT bool
+	// Join names a running container (--net none) whose network namespace the new one
+	// shares: together they are a cluster (like a pod), forked as one cut.
+	Join string
 }
 
 // Network modes.
@@ -128,6 +131,14 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 	if err != nil {
 		return nil, err
 	}
+	var leader *tree.Container
+	var joinNS *os.File
+	if o.Join != "" {
+		if leader, joinNS, err = r.joinable(o.Join, net, o.NAT); err != nil {
+			return nil, err
+		}
+		defer joinNS.Close()
+	}
 	var alloc func() (string, error)
 	netCfg := r.Network.WithDefaults()
 	if net == NetBridge {
@@ -165,6 +176,9 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		c.Hook = o.Hook
 		c.Memory, c.PidsLimit = o.Memory, o.PidsLimit
 		c.Net = net
+		if leader != nil {
+			c.Cluster = leader.ID
+		}
 		c.Confine = &prof
 		if alloc != nil {
 			c.Bridge, c.NAT = netCfg.Bridge, o.NAT
@@ -215,8 +229,9 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 
 	pid, err := r.startInit(cg, initConfig{
 		RootFS: c.RootFS, Hostname: c.Hostname, Args: args, Env: env,
-		WorkingDir: c.WorkingDir, MemDir: c.MemDir, Confine: prof, OwnNet: c.Net != NetHost,
-	}, func(pid int) error { return AttachNetwork(pid, c, "") })
+		WorkingDir: c.WorkingDir, MemDir: c.MemDir, Confine: prof, OwnNet: c.Net != NetHost && joinNS == nil,
+		JoinNet: joinNS != nil,
+	}, func(pid int) error { return AttachNetwork(pid, c, "") }, joinNS)
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", c.Display(), err)
 	}
@@ -334,7 +349,7 @@ var InitTimeout = time.Minute
 // startInit re-executes this binary as the set-up helper in new namespaces, puts it in
 // the cgroup before it does anything, and waits until it has exec'd the user's command
 // (the error pipe closes on exec) or reported why it could not.
-func (r *Runtime) startInit(cg *cgroup.Cgroup, cfg initConfig, prepare func(pid int) error) (int, error) {
+func (r *Runtime) startInit(cg *cgroup.Cgroup, cfg initConfig, prepare func(pid int) error, netns *os.File) (int, error) {
 	exe := r.Exe
 	if exe == "" {
 		exe = "/proc/self/exe"
@@ -352,9 +367,12 @@ func (r *Runtime) startInit(cg *cgroup.Cgroup, cfg initConfig, prepare func(pid 
 	defer errR.Close()
 	cmd := exec.Command(exe, InitArg)
 	cmd.ExtraFiles = []*os.File{cfgR, errW}
+	if netns != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, netns) // fd 5: joined by the helper
+	}
 	cmd.Env = []string{}
 	flags := uintptr(syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC)
-	if cfg.OwnNet {
+	if cfg.OwnNet && !cfg.JoinNet {
 		flags |= syscall.CLONE_NEWNET
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{

@@ -84,6 +84,10 @@ type Snapshot struct {
 	Bridge string `json:"bridge,omitempty"`
 	Addr   string `json:"addr,omitempty"`
 	NAT    bool   `json:"nat,omitempty"`
+	// SharedNetNS: a cluster member dumped from inside its cluster's namespace (which
+	// the image does not hold); it restores only into a namespace made for the cluster's
+	// fork (lib/fork.ForkCluster).
+	SharedNetNS bool `json:"shared_netns,omitempty"`
 
 	Dump    DumpStats     `json:"dump"`
 	Memfile *MemfileStats `json:"memfile,omitempty"`
@@ -131,6 +135,30 @@ type Fork struct {
 	// Address is the fork's IPv4 address in bridge mode.
 	Address string `json:"address,omitempty"`
 }
+
+// ClusterMember is one member's part of a cluster fork: its snapshot, how long the cut
+// paused it, and its copy in each fork of the cluster.
+type ClusterMember struct {
+	ID       string  `json:"id"`
+	Name     string  `json:"name,omitempty"`
+	Snapshot string  `json:"snapshot"`
+	PauseMs  float64 `json:"pause_ms"`  // frozen from its freeze to the common thaw
+	FrozenMs float64 `json:"frozen_ms"` // what CRIU reports for its own dump
+	Forks    []Fork  `json:"forks"`     // its copy in fork i of the cluster
+}
+
+// ClusterFork is the result of ForkCluster (`lazyfork cluster fork --json`, lib/fork.ForkCluster).
+type ClusterFork struct {
+	Kind    string          `json:"kind"`
+	Version int             `json:"version"`
+	Cluster string          `json:"cluster"` // the source cluster's leader
+	Members []ClusterMember `json:"members"`
+	// Leaders are the new clusters: the leader's copy in each fork.
+	Leaders []string `json:"leaders"`
+}
+
+// KindClusterFork is ClusterFork's kind.
+const KindClusterFork = "lazyfork.cluster-fork"
 
 // ReadSnapshot decodes a snapshot document and checks its kind and version.
 func ReadSnapshot(r io.Reader) (*Snapshot, error) {

@@ -81,6 +81,10 @@ type Container struct {
 	Bridge string `json:"bridge,omitempty"`
 	Addr   string `json:"addr,omitempty"`
 	NAT    bool   `json:"nat,omitempty"`
+	// Cluster is the id of the container whose network namespace this one shares (its
+	// leader, which names itself): the members of a cluster are forked as one cut and
+	// every fork of the cluster gets one namespace holding all of them.
+	Cluster string `json:"cluster,omitempty"`
 	// Confine is how every process in the container is confined; a process started inside
 	// it (exec, shell) must Apply it before its execve. A record without it was created
 	// before confinement existed and runs privileged: see ConfineProfile.
