@@ -162,11 +162,13 @@ class Client:
 
     def create(self, image, command=None, name=None, env=None, hook=None,
                user=None, memory=None, pids_limit=None, privileged=False,
-               net=None, nat=False):
+               net=None, nat=False, join=None):
         """Create and start a container; returns its handle. memory is in bytes;
         privileged=True opts out of confinement (docs/security.md). net is "none"
         (default), "bridge" (an address on the LazyFork bridge: ``address``) or "host";
-        nat=True masquerades a bridge container's traffic to the host's other networks."""
+        nat=True masquerades a bridge container's traffic to the host's other networks.
+        join names a running --net none container whose network namespace the new one
+        shares: a cluster, forked as one cut with :meth:`Container.cluster_fork`."""
         body = {"image": image}
         if user is not None:
             body["user"] = user
@@ -180,6 +182,8 @@ class Client:
             body["net"] = net  # "none" (default), "bridge" or "host"
         if nat:
             body["nat"] = True
+        if join:
+            body["join"] = join
         if command is not None:
             body["command"] = list(command)
         if name is not None:
@@ -314,6 +318,15 @@ class Container:
             body["hook_timeout"] = hook_timeout
         res = self.client.request("POST", self._path("fork"), body)
         return Forks(Container(self.client, f["id"], {"id": f["id"], "name": f.get("name")}) for f in res["forks"])
+
+    def cluster_fork(self, n=1, force=False):
+        """Fork every member of this container's cluster as one cut, ``n`` times. Returns
+        the result: ``members`` (each with ``pause_ms`` and its copy in each fork under
+        ``forks``) and ``leaders`` (the new clusters)."""
+        body = {"n": n}
+        if force:
+            body["force"] = True
+        return self.client.request("POST", self._path("cluster-fork"), body)
 
     def exec(self, argv, stdin=None, env=None, cwd=None, timeout=None):
         """Run a command inside; returns {"stdout": str, "stderr": str, "exit_code": int}."""
