@@ -79,8 +79,12 @@ func verb(k *kong.Context) string {
 	return ""
 }
 
-// manager opens the runtime and reports each mutation on stderr.
-func (g *Globals) manager() (*snaptree.Manager, error) {
+// manager is the daemon's tree routes while a daemon serves this state (treeops.go),
+// else lib/snaptree in this process, reporting evictions on stderr.
+func (g *Globals) manager() (treeOps, error) {
+	if cl := g.daemon(context.Background()); cl != nil {
+		return treesViaDaemon{cl}, nil
+	}
 	rt, err := g.open()
 	if err != nil {
 		return nil, err

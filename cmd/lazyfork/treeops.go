@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/snaptree"
+)
+
+// treeOps is what the tree commands run on: lib/snaptree's Manager in this process, or,
+// while a daemon serves this state, the daemon's tree routes (which run the same
+// Manager), so that the daemon's watchers see the commands' mutations too.
+type treeOps interface {
+	Create(ctx context.Context, o snaptree.CreateOptions) (*snaptree.Tree, error)
+	Adopt(ctx context.Context, ref string, o snaptree.CreateOptions) (*snaptree.Tree, error)
+	List() ([]*snaptree.Tree, error)
+	Get(ctx context.Context, ref string) (*snaptree.Tree, error)
+	Fork(ctx context.Context, treeRef, node string, o snaptree.ForkOptions) ([]*snaptree.Node, *snaptree.Tree, error)
+	Prepare(ctx context.Context, treeRef, node string, refresh bool) (*snaptree.Node, *snaptree.Tree, error)
+	Rollback(ctx context.Context, treeRef, node, name, label string) (*snaptree.Node, *snaptree.Tree, error)
+	Suspend(ctx context.Context, treeRef, node string) (*snaptree.Node, *snaptree.Tree, error)
+	Resume(ctx context.Context, treeRef, node string) (*snaptree.Node, *snaptree.Tree, error)
+	Protect(ctx context.Context, treeRef, node string, on bool) (*snaptree.Node, *snaptree.Tree, error)
+	Prune(ctx context.Context, treeRef, node string) (*snaptree.PruneResult, *snaptree.Tree, error)
+	Drop(ctx context.Context, treeRef string) (*snaptree.DropResult, *snaptree.Tree, error)
+	Evict(ctx context.Context, treeRef string) ([]string, *snaptree.Tree, error)
+	SetBudget(ctx context.Context, treeRef string, b snaptree.Budget) (*snaptree.Tree, error)
+}
+
+var (
+	_ treeOps = (*snaptree.Manager)(nil)
+	_ treeOps = treesViaDaemon{}
+)
+
+// treesViaDaemon is the daemon's tree routes behind treeOps. The daemon answers with
+// lib/snaptree's documents, so its answers convert back without loss.
+type treesViaDaemon struct{ cl *client.Client }
+
+// convert copies src into dst through their common JSON form.
+func convert(src, dst any) error {
+	b, err := json.Marshal(src)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, dst)
+}
+
+func toTree(t *client.SnapshotTree, err error) (*snaptree.Tree, error) {
+	if err != nil {
+		return nil, err
+	}
+	var out snaptree.Tree
+	if err := convert(t, &out); err != nil {
+		return nil, fmt.Errorf("read the daemon's tree: %w", err)
+	}
+	return &out, nil
+}
+
+// result converts an operation's answer: the tree and, when it has one, its node.
+func result(res *client.TreeResult, err error) (*snaptree.Node, *snaptree.Tree, error) {
+	if err != nil {
+		return nil, nil, err
+	}
+	var t *snaptree.Tree
+	if res.Tree != nil {
+		if t, err = toTree(res.Tree, nil); err != nil {
+			return nil, nil, err
+		}
+	}
+	var n *snaptree.Node
+	if res.Node != nil {
+		n = &snaptree.Node{}
+		if err := convert(res.Node, n); err != nil {
+			return nil, nil, fmt.Errorf("read the daemon's node: %w", err)
+		}
+	}
+	return n, t, nil
+}
+
+func createRequest(o snaptree.CreateOptions) client.TreeCreateRequest {
+	req := client.TreeCreateRequest{Name: o.Name, Label: o.Label, KSM: o.KSM}
+	if b := o.Budget; b != nil {
+		req.Budget = &client.TreeBudgetRequest{MaxLive: &b.MaxLive, MaxRAMBytes: &b.MaxRAMBytes,
+			MaxDiskBytes: &b.MaxDiskBytes, MaxChainDepth: &b.MaxChainDepth}
+	}
+	return req
+}
+
+func (d treesViaDaemon) Create(ctx context.Context, o snaptree.CreateOptions) (*snaptree.Tree, error) {
+	req := createRequest(o)
+	c := o.Container
+	req.Root = &client.CreateRequest{Image: c.Image, Name: c.Name, Command: c.Command, Env: c.Env, Hook: c.Hook,
+		User: c.User, Memory: c.Memory, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net, NAT: c.NAT}
+	return toTree(d.cl.CreateTree(ctx, req))
+}
+
+func (d treesViaDaemon) Adopt(ctx context.Context, ref string, o snaptree.CreateOptions) (*snaptree.Tree, error) {
+	return toTree(d.cl.AdoptTree(ctx, ref, createRequest(o)))
+}
+
+func (d treesViaDaemon) List() ([]*snaptree.Tree, error) {
+	all, err := d.cl.ListTrees(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	var out []*snaptree.Tree
+	if err := convert(all, &out); err != nil {
+		return nil, fmt.Errorf("read the daemon's trees: %w", err)
+	}
+	return out, nil
+}
+
+func (d treesViaDaemon) Get(ctx context.Context, ref string) (*snaptree.Tree, error) {
+	return toTree(d.cl.GetTree(ctx, ref))
+}
+
+// node is the node reference for a route: the root when none is given.
+func (d treesViaDaemon) node(ctx context.Context, treeRef, node string) (string, error) {
+	if node != "" {
+		return node, nil
+	}
+	t, err := d.cl.GetTree(ctx, treeRef)
+	if err != nil {
+		return "", err
+	}
+	return t.Root, nil
+}
+
+func (d treesViaDaemon) Fork(ctx context.Context, treeRef, node string, o snaptree.ForkOptions) ([]*snaptree.Node, *snaptree.Tree, error) {
+	node, err := d.node(ctx, treeRef, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	res, err := d.cl.ForkNode(ctx, treeRef, node, client.TreeForkRequest{N: o.N, Names: o.Names, Labels: o.Labels})
+	_, t, err := result(res, err)
+	if err != nil {
+		return nil, nil, err
+	}
+	var nodes []*snaptree.Node
+	if err := convert(res.Nodes, &nodes); err != nil {
+		return nil, nil, fmt.Errorf("read the daemon's nodes: %w", err)
+	}
+	return nodes, t, nil
+}
+
+func (d treesViaDaemon) Prepare(ctx context.Context, treeRef, node string, refresh bool) (*snaptree.Node, *snaptree.Tree, error) {
+	node, err := d.node(ctx, treeRef, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	return result(d.cl.PrepareNode(ctx, treeRef, node, refresh))
+}
+
+func (d treesViaDaemon) Rollback(ctx context.Context, treeRef, node, name, label string) (*snaptree.Node, *snaptree.Tree, error) {
+	node, err := d.node(ctx, treeRef, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	return result(d.cl.RollbackNode(ctx, treeRef, node, client.TreeRollbackRequest{Name: name, Label: label}))
+}
+
+func (d treesViaDaemon) Suspend(ctx context.Context, treeRef, node string) (*snaptree.Node, *snaptree.Tree, error) {
+	return result(d.cl.SuspendNode(ctx, treeRef, node))
+}
+
+func (d treesViaDaemon) Resume(ctx context.Context, treeRef, node string) (*snaptree.Node, *snaptree.Tree, error) {
+	return result(d.cl.ResumeNode(ctx, treeRef, node))
+}
+
+func (d treesViaDaemon) Protect(ctx context.Context, treeRef, node string, on bool) (*snaptree.Node, *snaptree.Tree, error) {
+	if on {
+		return result(d.cl.ProtectNode(ctx, treeRef, node))
+	}
+	return result(d.cl.UnprotectNode(ctx, treeRef, node))
+}
+
+func (d treesViaDaemon) Prune(ctx context.Context, treeRef, node string) (*snaptree.PruneResult, *snaptree.Tree, error) {
+	res, err := d.cl.PruneNode(ctx, treeRef, node)
+	_, t, err := result(res, err)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &snaptree.PruneResult{Pruned: res.Pruned, TreeRemoved: res.TreeRemoved, TmpfsFreed: res.TmpfsFreed, DiskFreed: res.DiskFreed}, t, nil
+}
+
+func (d treesViaDaemon) Drop(ctx context.Context, treeRef string) (*snaptree.DropResult, *snaptree.Tree, error) {
+	res, err := d.cl.DropTree(ctx, treeRef)
+	_, t, err := result(res, err)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &snaptree.DropResult{Suspended: res.Suspended, Dir: res.Dir}, t, nil
+}
+
+func (d treesViaDaemon) Evict(ctx context.Context, treeRef string) ([]string, *snaptree.Tree, error) {
+	res, err := d.cl.EvictTree(ctx, treeRef)
+	_, t, err := result(res, err)
+	if err != nil {
+		return nil, nil, err
+	}
+	return res.Suspended, t, nil
+}
+
+func (d treesViaDaemon) SetBudget(ctx context.Context, treeRef string, b snaptree.Budget) (*snaptree.Tree, error) {
+	return toTree(d.cl.SetTreeBudget(ctx, treeRef, client.TreeBudgetRequest{MaxLive: &b.MaxLive, MaxRAMBytes: &b.MaxRAMBytes,
+		MaxDiskBytes: &b.MaxDiskBytes, MaxChainDepth: &b.MaxChainDepth}))
+}
