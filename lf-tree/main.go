@@ -10,10 +10,10 @@ import (
 	"io"
 
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/snaptree"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/stagecmd"
 	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/treedoc"
 )
 
 type cli struct {
@@ -29,11 +29,11 @@ type cli struct {
 }
 
 // treesCmd prints the snapshot trees' documents as their last operation wrote them
-// (lib/snaptree; lazyfork tree nodes measures them live).
+// (lib/treedoc; lazyfork tree nodes measures them live).
 type treesCmd struct{}
 
 func (treesCmd) Run() error {
-	all, err := snaptree.ReadAll()
+	all, err := treedoc.ReadAll()
 	if err != nil {
 		return err
 	}
@@ -50,7 +50,7 @@ type treeDocCmd struct {
 }
 
 func (c treeDocCmd) Run() error {
-	t, err := snaptree.Read(c.Ref)
+	t, err := treedoc.Read(c.Ref)
 	if err != nil {
 		return err
 	}

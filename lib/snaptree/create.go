@@ -11,6 +11,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/treedoc"
 )
 
 // CreateOptions make a tree.
@@ -84,8 +85,8 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, adopt string) (_ 
 			}
 		}
 	}
-	id := newTreeID()
-	unlock, err := lockTree(id, true)
+	id := treedoc.NewID()
+	unlock, err := treedoc.Lock(id, true)
 	if err != nil {
 		return nil, err
 	}
@@ -128,11 +129,11 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, adopt string) (_ 
 	now := time.Now().UTC()
 	n := &Node{ID: c.ID, Name: c.Name, State: StateLive, Label: o.Label, Kind: NodeKind, Members: 1,
 		Created: now, LastActive: now}
-	n.setKeyframe(k)
+	setKeyframe(n, k)
 	t.Root = c.ID
 	t.Nodes[c.ID] = n
-	t.refresh(m.RT)
-	if err := t.save(); err != nil {
+	refresh(t, m.RT)
+	if err := t.Save(); err != nil {
 		return nil, err
 	}
 	op.event(kind, c.ID)
@@ -140,7 +141,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, adopt string) (_ 
 	return t, nil
 }
 
-func (n *Node) setKeyframe(k *stage.Snapshot) {
+func setKeyframe(n *Node, k *stage.Snapshot) {
 	n.HasKeyframe, n.Keyframe = true, k.ID
 	n.Generation++
 	n.DirtyPages = int64(k.Dump.PagesWritten)

@@ -11,6 +11,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/treedoc"
 )
 
 // PidsPerLive is the tree cgroup's pids limit per live member of the budget.
@@ -104,11 +105,11 @@ func (m *Manager) withDropped(ctx context.Context, ref string, allowDropped bool
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := lockTree(id, false)
+	unlock, err := treedoc.Lock(id, false)
 	if err != nil {
 		return nil, err
 	}
-	t, err := readTree(id)
+	t, err := treedoc.ReadID(id)
 	if err != nil {
 		unlock()
 		return nil, err
@@ -122,12 +123,12 @@ func (m *Manager) withDropped(ctx context.Context, ref string, allowDropped bool
 		unlock()
 		return nil, err
 	}
-	t.refresh(m.RT)
+	refresh(t, m.RT)
 	ferr := f(o)
 	o.unlockAll()
 	if _, err := os.Stat(t.Dir()); err == nil { // a pruned root takes the directory
-		t.refresh(m.RT)
-		if err := t.save(); err != nil {
+		refresh(t, m.RT)
+		if err := t.Save(); err != nil {
 			ferr = errors.Join(ferr, err)
 		}
 	}
@@ -160,74 +161,11 @@ func limits(b Budget) cgroup.Limits {
 	return cgroup.Limits{Memory: b.MaxRAMBytes + CgroupHeadroom, Pids: int64(b.MaxLive) * PidsPerLive}
 }
 
-// Read reads tree ref (id, unique id prefix or name) as written by its last operation,
-// without locking or measuring it (lf-tree).
-func Read(ref string) (*Tree, error) {
-	id, err := (&Manager{}).resolveID(ref)
-	if err != nil {
-		return nil, err
-	}
-	return readTree(id)
-}
-
 // resolveID finds a tree by id, unique id prefix or name.
-func (m *Manager) resolveID(ref string) (string, error) {
-	if treeIDRe.MatchString(ref) {
-		if _, err := os.Stat(TreeDir(ref)); err == nil {
-			return ref, nil
-		}
-	}
-	all, err := m.List()
-	if err != nil {
-		return "", err
-	}
-	var hits []string
-	for _, t := range all {
-		if t.Name == ref && ref != "" {
-			return t.ID, nil
-		}
-		if len(ref) >= 2 && len(ref) <= len(t.ID) && t.ID[:len(ref)] == ref {
-			hits = append(hits, t.ID)
-		}
-	}
-	if len(hits) == 1 {
-		return hits[0], nil
-	}
-	if len(hits) > 1 {
-		return "", fmt.Errorf("tree %q is ambiguous (%v): give more of the id", ref, hits)
-	}
-	return "", fmt.Errorf("%w %q (see: lazyfork tree ls)", ErrNoTree, ref)
-}
+func (m *Manager) resolveID(ref string) (string, error) { return treedoc.Resolve(ref) }
 
 // List reads every tree, oldest first (figures as of their last operation).
 func (m *Manager) List() ([]*Tree, error) { return ReadAll() }
-
-// ReadAll reads every tree, oldest first, as written by its last operation.
-func ReadAll() ([]*Tree, error) {
-	ents, err := os.ReadDir(TreesDir())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list trees: %w", err)
-	}
-	var out []*Tree
-	for _, e := range ents {
-		if !treeIDRe.MatchString(e.Name()) {
-			continue
-		}
-		t, err := readTree(e.Name())
-		if err != nil {
-			if errors.Is(err, ErrNoTree) {
-				continue // being created or removed
-			}
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	sortTrees(out)
-	return out, nil
-}
 
 // Get reads one tree with its live figures measured now (last-active included).
 func (m *Manager) Get(ctx context.Context, ref string) (*Tree, error) {
@@ -235,7 +173,7 @@ func (m *Manager) Get(ctx context.Context, ref string) (*Tree, error) {
 	if err != nil {
 		return nil, err
 	}
-	t, err := readTree(id)
+	t, err := treedoc.ReadID(id)
 	if err != nil {
 		return nil, err
 	}

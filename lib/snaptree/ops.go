@@ -55,11 +55,11 @@ func (o *op) fork(ref string, fo ForkOptions) ([]*Node, error) {
 	ro := fork.RestoreOptions{N: fo.N, Names: fo.Names}
 	switch {
 	case n.State == StateSuspended:
-		p := n.packed(RoleSuspend)
+		p := n.PackedRole(RoleSuspend)
 		if p == nil {
 			return nil, fmt.Errorf("fork %s: suspended with no packed snapshot in tree.json", n.ID)
 		}
-		s, err := o.t.unpack(o.ctx, *p)
+		s, err := unpack(o.ctx, o.t, *p)
 		if err != nil {
 			return nil, err
 		}
@@ -80,7 +80,7 @@ func (o *op) fork(ref string, fo ForkOptions) ([]*Node, error) {
 		if err != nil {
 			return nil, err
 		}
-		n.setKeyframe(k)
+		setKeyframe(n, k)
 		o.event("prepare", n.ID)
 		if forks, err = fork.Restore(o.ctx, o.trt, k, ro); err != nil {
 			return nil, err
@@ -110,7 +110,7 @@ func (o *op) fork(ref string, fo ForkOptions) ([]*Node, error) {
 		ids = append(ids, f.ID)
 	}
 	o.event("fork", n.ID, ids...)
-	o.t.refresh(o.m.RT)
+	refresh(o.t, o.m.RT)
 	return out, o.autoEvict()
 }
 
@@ -123,7 +123,7 @@ func (o *op) estimate(n *Node) int64 {
 // makeRoom executes lib/budget's plan for adding n forks of parent: the nodes it names
 // are suspended first. An OverBudgetError is returned as it is, before anything changed.
 func (o *op) makeRoom(parent string, n int, ramEach int64) error {
-	plan, err := o.t.budgetTree().PlanAdd(parent, n, ramEach, 0)
+	plan, err := budgetTree(o.t).PlanAdd(parent, n, ramEach, 0)
 	if err != nil {
 		return overBudget(err)
 	}
@@ -147,8 +147,8 @@ func (o *op) execute(plan budget.Plan, kind string) error {
 // autoEvict suspends what lib/budget's PlanEvict names (the tree at 85% of its RAM
 // budget or more).
 func (o *op) autoEvict() error {
-	o.t.refresh(o.m.RT)
-	return o.execute(o.t.budgetTree().PlanEvict(), "evict")
+	refresh(o.t, o.m.RT)
+	return o.execute(budgetTree(o.t).PlanEvict(), "evict")
 }
 
 // overBudget passes lib/budget's refusal on: its *OverBudgetError is one line naming
@@ -180,14 +180,14 @@ func (m *Manager) Prepare(ctx context.Context, treeRef, node string, refresh boo
 		if err != nil {
 			return err
 		}
-		n.setKeyframe(k)
+		setKeyframe(n, k)
 		n.LastActive = time.Now().UTC()
 		if old != "" {
 			// The old generation's snapshot goes; its memory files stay while mapped.
 			if s, err := fork.LoadSnapshot(old); err == nil {
 				_ = fork.RemoveSnapshot(s)
 			}
-			_ = o.t.dropPacked(n, old)
+			_ = dropPacked(o.t, n, old)
 		}
 		o.event("prepare", n.ID)
 		return o.autoEvict()
@@ -211,8 +211,8 @@ func (m *Manager) Rollback(ctx context.Context, treeRef, node, name, label strin
 			if s, err = o.keyframe(n); err != nil {
 				return err
 			}
-		case n.packed(RoleSuspend) != nil:
-			if s, err = o.t.unpack(ctx, *n.packed(RoleSuspend)); err != nil {
+		case n.PackedRole(RoleSuspend) != nil:
+			if s, err = unpack(ctx, o.t, *n.PackedRole(RoleSuspend)); err != nil {
 				return err
 			}
 			defer fork.RemoveSnapshot(s)
@@ -247,7 +247,7 @@ func (o *op) keyframe(n *Node) (*stage.Snapshot, error) {
 	}
 	for _, p := range n.Packed {
 		if p.Snapshot == n.Keyframe {
-			return o.t.unpack(o.ctx, p)
+			return unpack(o.ctx, o.t, p)
 		}
 	}
 	return nil, fmt.Errorf("node %s: its keyframe %s is neither on tmpfs nor packed (lost in a power cut while live)", n.ID, n.Keyframe)

@@ -20,24 +20,20 @@ import (
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/treedoc"
 )
-
-// storeDir is where the tree keeps packed memory files of a family.
-func (t *Tree) storeDir(family string) string {
-	return filepath.Join(t.Dir(), "families", family)
-}
 
 // pack copies snapshot s (on tmpfs) and every memory file it needs to the tree's
 // directory on disk and returns the entry describing them. Memory files are stored once
 // per tree (they never change once written). Nothing on tmpfs is removed here.
-func (t *Tree) pack(n *Node, s *stage.Snapshot, role string) (Packed, error) {
+func pack(t *Tree, n *Node, s *stage.Snapshot, role string) (Packed, error) {
 	files, err := memfile.ReferencedFiles(s.ImagesDir)
 	if err != nil {
 		return Packed{}, fmt.Errorf("pack %s: %w", s.ID, err)
 	}
 	p := Packed{Snapshot: s.ID, Role: role, Family: s.Family, Files: files,
 		Dir: filepath.Join(t.Dir(), "nodes", n.ID, s.ID)}
-	if err := checkPacked(t, n, p); err != nil {
+	if err := treedoc.CheckPacked(t, n, p); err != nil {
 		return Packed{}, fmt.Errorf("pack %s: %w", s.ID, err)
 	}
 	if err := os.MkdirAll(filepath.Dir(p.Dir), 0o700); err != nil {
@@ -73,7 +69,7 @@ func (t *Tree) pack(n *Node, s *stage.Snapshot, role string) (Packed, error) {
 		_ = fsutil.RemoveAll(tmp)
 		return Packed{}, fmt.Errorf("pack %s: %w", s.ID, err)
 	}
-	store := t.storeDir(s.Family)
+	store := t.StoreDir(s.Family)
 	if err := os.MkdirAll(store, 0o700); err != nil {
 		return Packed{}, fmt.Errorf("pack %s: %w", s.ID, err)
 	}
@@ -91,7 +87,7 @@ func (t *Tree) pack(n *Node, s *stage.Snapshot, role string) (Packed, error) {
 
 // unpack puts packed snapshot p back on tmpfs (its directory and any memory file missing
 // from its family) and returns it, checked. A snapshot still on tmpfs is used as it is.
-func (t *Tree) unpack(ctx context.Context, p Packed) (*stage.Snapshot, error) {
+func unpack(ctx context.Context, t *Tree, p Packed) (*stage.Snapshot, error) {
 	unlock, err := fork.LockState(ctx, false, 0)
 	if err != nil {
 		return nil, err
@@ -144,7 +140,7 @@ func (t *Tree) unpack(ctx context.Context, p Packed) (*stage.Snapshot, error) {
 		if _, err := os.Lstat(dst); err == nil {
 			continue
 		}
-		if err := unpackFile(dst, t.storeDir(p.Family), f); err != nil {
+		if err := unpackFile(dst, t.StoreDir(p.Family), f); err != nil {
 			return nil, fmt.Errorf("unpack %s: memory file %s: %w", p.Snapshot, f, err)
 		}
 	}
@@ -152,7 +148,7 @@ func (t *Tree) unpack(ctx context.Context, p Packed) (*stage.Snapshot, error) {
 }
 
 // dropPacked deletes a packed snapshot's directory and forgets it.
-func (t *Tree) dropPacked(n *Node, snap string) error {
+func dropPacked(t *Tree, n *Node, snap string) error {
 	var errs []error
 	keep := n.Packed[:0]
 	for _, p := range n.Packed {
@@ -166,17 +162,8 @@ func (t *Tree) dropPacked(n *Node, snap string) error {
 	return errors.Join(errs...)
 }
 
-func (n *Node) packed(role string) *Packed {
-	for i := range n.Packed {
-		if n.Packed[i].Role == role {
-			return &n.Packed[i]
-		}
-	}
-	return nil
-}
-
 // sweepStore deletes packed memory files no packed snapshot of the tree needs.
-func (t *Tree) sweepStore() error {
+func sweepStore(t *Tree) error {
 	need := map[string]bool{}
 	for _, n := range t.Nodes {
 		for _, p := range n.Packed {
@@ -217,7 +204,7 @@ func (t *Tree) sweepStore() error {
 // exclusively, so no dump, rewrite or restore is using the family meanwhile. It returns
 // the bytes freed. When a snapshot's references cannot be read, nothing is deleted.
 func FreeFamily(ctx context.Context, rt *runtime.Runtime, family string) (int64, error) {
-	if !snapIDRe.MatchString(family) {
+	if !treedoc.SnapIDRe.MatchString(family) {
 		return 0, fmt.Errorf("free family %q: bad id", family)
 	}
 	unlock, err := fork.LockState(ctx, true, fork.GCLockWait)

@@ -50,8 +50,8 @@ func (m *Manager) Prune(ctx context.Context, treeRef, node string) (*PruneResult
 		if err != nil {
 			return err
 		}
-		fams := o.t.families(o.m.RT)
-		tmpfsBefore, diskBefore := o.t.tmpfsBytes(o.m.RT), diskBytes(o.t.Dir())
+		fams := families(o.t, o.m.RT)
+		tmpfsBefore, diskBefore := tmpfsBytes(o.t, o.m.RT), diskBytes(o.t.Dir())
 		var errs []error
 		for _, id := range o.t.Subtree(n.ID) {
 			if c, err := o.lock(id); err == nil {
@@ -71,7 +71,7 @@ func (m *Manager) Prune(ctx context.Context, treeRef, node string) (*PruneResult
 			delete(o.t.Nodes, id)
 			res.Pruned = append(res.Pruned, id)
 		}
-		errs = append(errs, o.t.sweepStore())
+		errs = append(errs, sweepStore(o.t))
 		// Snapshots, families and layers whose last reference went (lib/fork's GC), then
 		// the memory files of the remaining families that nothing maps or needs.
 		errs = append(errs, fork.GC(o.m.RT))
@@ -86,17 +86,12 @@ func (m *Manager) Prune(ctx context.Context, treeRef, node string) (*PruneResult
 			errs = append(errs, fsutil.RemoveAll(o.t.Dir()))
 			res.TreeRemoved = true
 		}
-		res.TmpfsFreed = tmpfsBefore - o.t.tmpfsBytes(o.m.RT)
+		res.TmpfsFreed = tmpfsBefore - tmpfsBytes(o.t, o.m.RT)
 		res.DiskFreed = diskBefore - diskBytes(o.t.Dir())
 		o.event("prune", n.ID, res.Pruned...)
 		return errors.Join(errs...)
 	})
 	return res, t, err
-}
-
-// TreeDirNode is a node's directory of packed snapshots.
-func TreeDirNode(treeID, node string) string {
-	return TreeDir(treeID) + "/nodes/" + node
 }
 
 // DropResult says what a drop did and where the state is.
@@ -137,7 +132,7 @@ func (m *Manager) Drop(ctx context.Context, treeRef string) (*DropResult, *Tree,
 func (m *Manager) Evict(ctx context.Context, treeRef string) ([]string, *Tree, error) {
 	var out []string
 	t, err := m.with(ctx, treeRef, func(o *op) error {
-		plan := o.t.budgetTree().PlanEvict()
+		plan := budgetTree(o.t).PlanEvict()
 		out = plan.Suspend
 		return o.execute(plan, "evict")
 	})

@@ -18,7 +18,7 @@ import (
 // refresh brings every node's live figures up to date: state (a live node whose
 // processes are gone is exited), RAM (its cgroup's charge), CPU time and, when that
 // changed, last-active; disk shares; and the tree's usage.
-func (t *Tree) refresh(rt *runtime.Runtime) {
+func refresh(t *Tree, rt *runtime.Runtime) {
 	now := time.Now().UTC()
 	for _, n := range t.Nodes {
 		c, err := rt.Tree.Get(n.ID)
@@ -62,17 +62,17 @@ func (t *Tree) refresh(rt *runtime.Runtime) {
 			n.DiskBytes += p.Bytes
 			for _, f := range p.Files {
 				k := filepath.Join(p.Family, f)
-				n.DiskBytes += familyFileBytes(t.storeDir(p.Family), []string{f, f + ".map"}) / int64(refs[k])
+				n.DiskBytes += familyFileBytes(t.StoreDir(p.Family), []string{f, f + ".map"}) / int64(refs[k])
 			}
 		}
 	}
-	t.Usage = t.usage()
-	t.Usage.TmpfsBytes = t.tmpfsBytes(rt)
+	t.Usage = usage(t)
+	t.Usage.TmpfsBytes = tmpfsBytes(t, rt)
 }
 
 // usage measures the tree: live members, the tree cgroup's charge and the directory's
 // physical size (refresh adds the families' tmpfs bytes).
-func (t *Tree) usage() Usage {
+func usage(t *Tree) Usage {
 	var u Usage
 	for _, n := range t.Nodes {
 		if n.State == StateLive {
@@ -90,7 +90,7 @@ func (t *Tree) usage() Usage {
 }
 
 // families are the memory-file families the tree's containers use.
-func (t *Tree) families(rt *runtime.Runtime) []string {
+func families(t *Tree, rt *runtime.Runtime) []string {
 	seen := map[string]bool{}
 	var out []string
 	add := func(f string) {
@@ -111,9 +111,9 @@ func (t *Tree) families(rt *runtime.Runtime) []string {
 }
 
 // tmpfsBytes is what the tree's families hold on tmpfs.
-func (t *Tree) tmpfsBytes(rt *runtime.Runtime) int64 {
+func tmpfsBytes(t *Tree, rt *runtime.Runtime) int64 {
 	var n int64
-	for _, f := range t.families(rt) {
+	for _, f := range families(t, rt) {
 		n += fork.FamilyBytes(f)
 	}
 	return n
@@ -121,8 +121,8 @@ func (t *Tree) tmpfsBytes(rt *runtime.Runtime) int64 {
 
 // budgetTree is the tree as lib/budget sees it. An exited node holds nothing live and is
 // not evictable: it counts as suspended with no RAM.
-func (t *Tree) budgetTree() *budget.Tree {
-	bt := &budget.Tree{Budget: t.Budget.lib(), Nodes: map[string]*budget.Node{}}
+func budgetTree(t *Tree) *budget.Tree {
+	bt := &budget.Tree{Budget: t.Budget.Lib(), Nodes: map[string]*budget.Node{}}
 	for _, n := range t.Nodes {
 		st, ram := budget.Live, n.RAMBytes
 		if n.State != StateLive {
@@ -130,14 +130,14 @@ func (t *Tree) budgetTree() *budget.Tree {
 		}
 		bt.Nodes[n.ID] = &budget.Node{ID: n.ID, Parent: n.Parent, State: st, Protected: n.Protected,
 			Keyframe: n.HasKeyframe, RAMBytes: ram, SharedRAMBytes: n.SharedRAMBytes, DiskBytes: n.DiskBytes,
-			SuspendBytes: n.suspendEstimate(), LastActive: n.LastActive.UnixNano()}
+			SuspendBytes: suspendEstimate(n), LastActive: n.LastActive.UnixNano()}
 	}
 	return bt
 }
 
 // suspendEstimate is what suspending n would write to disk: its RAM (its private pages
 // and what its dump captures) when live.
-func (n *Node) suspendEstimate() int64 {
+func suspendEstimate(n *Node) int64 {
 	if n.State != StateLive {
 		return 0
 	}

@@ -44,7 +44,7 @@ func (o *op) suspend(id string) error {
 	}
 	ram := n.RAMBytes
 	// Disk headroom for what is about to be written (its RAM and family at most).
-	if plan, err := o.t.budgetTree().PlanKeyframe(id, ram); err != nil {
+	if plan, err := budgetTree(o.t).PlanKeyframe(id, ram); err != nil {
 		return overBudget(err)
 	} else if len(plan.Suspend) > 0 {
 		if err := o.execute(plan, "evict"); err != nil {
@@ -56,13 +56,13 @@ func (o *op) suspend(id string) error {
 		return err
 	}
 	n.State = StateSuspended
-	p, err := o.t.pack(n, s, RoleSuspend)
+	p, err := pack(o.t, n, s, RoleSuspend)
 	if err != nil {
 		// Not packed: the snapshot stays on tmpfs, where lazyfork start still finds it.
 		n.State = StateExited
 		return err
 	}
-	_ = o.t.dropPacked(n, s.ID)
+	_ = dropPacked(o.t, n, s.ID)
 	n.Packed = append(n.Packed, p)
 	n.DirtyPages = int64(s.Dump.PagesWritten)
 	n.DeltaBytes = p.Bytes
@@ -70,8 +70,8 @@ func (o *op) suspend(id string) error {
 	// The keyframe goes to disk too: on tmpfs it would keep its files in RAM.
 	if n.HasKeyframe {
 		if k, err := fork.LoadSnapshot(n.Keyframe); err == nil {
-			if kp, err := o.t.pack(n, k, RoleKeyframe); err == nil {
-				_ = o.t.dropPacked(n, k.ID)
+			if kp, err := pack(o.t, n, k, RoleKeyframe); err == nil {
+				_ = dropPacked(o.t, n, k.ID)
 				n.Packed = append(n.Packed, kp)
 				_ = fork.RemoveSnapshot(k)
 			}
@@ -79,7 +79,7 @@ func (o *op) suspend(id string) error {
 	}
 	// tree.json names the packed copy before the tmpfs one goes (a crash in between
 	// leaves both).
-	if err := o.t.save(); err != nil {
+	if err := o.t.Save(); err != nil {
 		return err
 	}
 	if err := fork.RemoveSnapshot(s); err != nil {
@@ -102,7 +102,7 @@ func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tre
 		if n.State == StateLive {
 			return nil
 		}
-		p := n.packed(RoleSuspend)
+		p := n.PackedRole(RoleSuspend)
 		var s *stage.Snapshot
 		if p == nil {
 			// Stopped but not packed (`lazyfork stop`, or a suspend whose process died
@@ -114,7 +114,7 @@ func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tre
 				return fmt.Errorf("resume %s: it is %s and has no snapshot to resume from (prune it)", n.ID, n.State)
 			}
 		}
-		plan, err := o.t.budgetTree().PlanResume(n.ID, n.RAMBytes)
+		plan, err := budgetTree(o.t).PlanResume(n.ID, n.RAMBytes)
 		if err != nil {
 			return overBudget(err)
 		}
@@ -122,7 +122,7 @@ func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tre
 			return err
 		}
 		if p != nil {
-			if s, err = o.t.unpack(ctx, *p); err != nil {
+			if s, err = unpack(ctx, o.t, *p); err != nil {
 				return err
 			}
 		}
@@ -136,11 +136,11 @@ func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tre
 		if s.ID == n.Keyframe && p != nil {
 			// Forks were made from the suspended state: it stays on disk as the keyframe.
 			p.Role = RoleKeyframe
-		} else if err := o.t.dropPacked(n, s.ID); err != nil {
+		} else if err := dropPacked(o.t, n, s.ID); err != nil {
 			return err
 		}
 		n.DeltaBytes = 0
-		if err := o.t.sweepStore(); err != nil {
+		if err := sweepStore(o.t); err != nil {
 			return err
 		}
 		o.event("resume", n.ID)
