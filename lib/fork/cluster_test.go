@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 	"github.com/lazyfork/lazyfork/lib/tree"
@@ -98,5 +99,29 @@ func TestClusterForkKeepsLoopbackConnection(t *testing.T) {
 	got := execOut(t, rt, clients[1], "python3", "-c", `import socket; s = socket.create_connection(("127.0.0.1", 8080)); s.sendall(b"new"); print(s.recv(64).decode())`)
 	if got != "pong new" {
 		t.Errorf("a new client in fork 0's namespace: %q", got)
+	}
+}
+
+// A member forked alone is copied, not moved: the source pair keeps its connection; stop
+// and --share, which would take it out of the cluster's namespace, are refused.
+func TestClusterMemberAlone(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	srv := create(t, rt, "srv", "python3", "-c", loopbackServer)
+	cl, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Join: srv.ID, Command: []string{"python3", "-c", loopbackClient}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 15*time.Second, "the pair to talk", func() bool { return len(lines(cl)) > 3 })
+	if _, err := fork.Stop(ctx, rt, cl, hook.Options{}); err == nil || !strings.Contains(err.Error(), "member of cluster") {
+		t.Errorf("stop of a member: %v", err)
+	}
+	if _, _, err := fork.Fork(ctx, rt, cl, fork.Options{Share: true, RestoreOptions: fork.RestoreOptions{N: 1}}); err == nil || !strings.Contains(err.Error(), "--share") {
+		t.Errorf("--share of a member: %v", err)
+	}
+	doFork(t, rt, cl, 1)
+	n := len(lines(cl))
+	testutil.Eventually(t, 10*time.Second, "the source pair to go on", func() bool { return len(lines(cl)) > n+5 })
+	if l := lines(cl); !strings.Contains(l[len(l)-1], "pong") {
+		t.Errorf("source client: %q", l[len(l)-1])
 	}
 }

@@ -73,7 +73,12 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 	// snapshot (Swap): from then on it maps the family's memory files, so every later dump
 	// holds only what it changed. Later forks leave it running (its upper keeps its inode
 	// numbers; overlayfs would report new ones for files copied up after a second move).
-	swap := !o.Copy && !o.Share && c.Family == ""
+	// A cluster member is never restored in place: that would take it out of the
+	// cluster's namespace. Forked alone it is copied (its forks lose the other members).
+	if c.Cluster != "" && o.Share {
+		return nil, nil, fmt.Errorf("fork %s --share: it is a member of cluster %s, whose namespace it would leave; fork the cluster (`lazyfork cluster fork %s`) or fork it without --share", c.Display(), c.Cluster, c.Display())
+	}
+	swap := !o.Copy && !o.Share && c.Family == "" && c.Cluster == ""
 	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook})
 	if err != nil {
 		return nil, nil, err
@@ -123,6 +128,10 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 // Stop snapshots c and ends its processes. It keeps no process memory (its memory is in
 // the family files), stays forkable, and Start brings it back from the snapshot.
 func Stop(ctx context.Context, rt *runtime.Runtime, c *tree.Container, h hook.Options) (*stage.Snapshot, error) {
+	if c.Cluster != "" {
+		// Started again, it would come back in a namespace of its own, out of the cluster.
+		return nil, fmt.Errorf("stop %s: it is a member of cluster %s; stopping one member is not supported (delete it, or fork the cluster)", c.Display(), c.Cluster)
+	}
 	if err := guard.Check(guard.OpStop, c, rt.State(c)); err != nil {
 		return nil, err
 	}
