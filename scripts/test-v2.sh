@@ -31,8 +31,10 @@
 #                  default parent, /lazyfork on v2, while the tests run inside a systemd-like
 #                  service group that holds processes); e.g. /lazyfork-test.slice for an
 #                  empty group the guest makes
-#   LF_V2_TIME_SCALE   LF_TEST_TIME_SCALE in the guest: the factor the tests' deadlines are
-#                  stretched by (default 10 under TCG, 2 under KVM; no test asserts a time)
+#   LF_V2_TIME_SCALE   the least LF_TEST_TIME_SCALE in the guest: the factor the tests'
+#                  deadlines are stretched by (default 10 under TCG, 2 under KVM; raised to
+#                  2.5 x the guest's sha256 seconds when it runs slower, at most 60; no test
+#                  asserts a time)
 #   LF_V2_ENV      extra VAR=value words for the tests
 #   LF_V2_PATCH    a patch (-p1) applied to the snapshot of the checkout that is built and
 #                  tested: try a fix in the VM without touching the working tree
