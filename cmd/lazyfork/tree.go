@@ -82,18 +82,19 @@ func verb(k *kong.Context) string {
 // manager is the daemon's tree routes while a daemon serves this state (treeops.go),
 // else lib/snaptree in this process, reporting evictions on stderr.
 func (g *Globals) manager() (treeOps, error) {
+	report := func(e snaptree.Event) {
+		if e.Kind == "evict" {
+			fmt.Fprintf(os.Stderr, "lazyfork: tree %s: evicted (suspended to disk) %s\n", e.Tree, strings.Join(e.Nodes, ", "))
+		}
+	}
 	if cl := g.daemon(context.Background()); cl != nil {
-		return treesViaDaemon{cl}, nil
+		return treesViaDaemon{cl, report}, nil
 	}
 	rt, err := g.open()
 	if err != nil {
 		return nil, err
 	}
-	return &snaptree.Manager{RT: rt, OnEvent: func(e snaptree.Event) {
-		if e.Kind == "evict" {
-			fmt.Fprintf(os.Stderr, "lazyfork: tree %s: evicted (suspended to disk) %s\n", e.Tree, strings.Join(e.Nodes, ", "))
-		}
-	}}, nil
+	return &snaptree.Manager{RT: rt, OnEvent: report}, nil
 }
 
 type treeCreateCmd struct {

@@ -64,8 +64,15 @@ func TestTreeCLIThroughDaemon(t *testing.T) {
 	if len(doc.Nodes) != 3 || doc.Nodes[forks[0]].State != "live" || !doc.Nodes[forks[1]].Protected {
 		t.Fatalf("tree nodes through the daemon: %+v", doc)
 	}
-	// One live node too many: the over-budget refusal is the daemon's, one line, status 1.
-	if _, errOut, code := e.sh("lazyfork tree protect tw " + forks[0] + " && lazyfork tree protect tw twr && lazyfork tree fork tw"); code == 0 ||
+	// At max_live, a fork of forks[0] evicts the only candidate, the root, and says so
+	// as it does in-process.
+	out, errOut, code := e.sh("lazyfork tree fork tw " + forks[0])
+	if code != 0 || !strings.Contains(errOut, "evicted (suspended to disk) "+doc.Root) {
+		t.Fatalf("fork at max_live through the daemon: exit %d, %q", code, errOut)
+	}
+	f00 := strings.TrimSpace(out)
+	// Nothing left to evict: the over-budget refusal is the daemon's, one line, status 1.
+	if _, errOut, code := e.sh("lazyfork tree protect tw " + forks[0] + " && lazyfork tree protect tw " + f00 + " && lazyfork tree fork tw " + forks[1]); code != 1 ||
 		!strings.Contains(errOut, "max_live") || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
 		t.Errorf("fork over max_live through the daemon: exit %d, %q", code, errOut)
 	}
@@ -88,7 +95,7 @@ func TestTreeCLIThroughDaemon(t *testing.T) {
 		got = append(got, m.Event.Kind+":"+m.Event.Node)
 	}
 	want := []string{"fork:" + doc.Root, "suspend:" + forks[0], "resume:" + forks[0], "protect:" + forks[1],
-		"protect:" + forks[0], "protect:" + doc.Root, "prune:" + doc.Root}
+		"evict:", "prepare:" + forks[0], "fork:" + forks[0], "protect:" + forks[0], "protect:" + f00, "prune:" + doc.Root}
 	if !slices.Equal(got, want) {
 		t.Errorf("watched:\n got %v\nwant %v", got, want)
 	}

@@ -36,7 +36,12 @@ var (
 
 // treesViaDaemon is the daemon's tree routes behind treeOps. The daemon answers with
 // lib/snaptree's documents, so its answers convert back without loss.
-type treesViaDaemon struct{ cl *client.Client }
+type treesViaDaemon struct {
+	cl *client.Client
+	// onEvent gets the events each answer lists (evictions included), as the Manager's
+	// OnEvent does in-process.
+	onEvent func(snaptree.Event)
+}
 
 // convert copies src into dst through their common JSON form.
 func convert(src, dst any) error {
@@ -58,10 +63,16 @@ func toTree(t *client.SnapshotTree, err error) (*snaptree.Tree, error) {
 	return &out, nil
 }
 
-// result converts an operation's answer: the tree and, when it has one, its node.
-func result(res *client.TreeResult, err error) (*snaptree.Node, *snaptree.Tree, error) {
+// result converts an operation's answer: the tree and, when it has one, its node; its
+// events go to onEvent.
+func (d treesViaDaemon) result(res *client.TreeResult, err error) (*snaptree.Node, *snaptree.Tree, error) {
 	if err != nil {
 		return nil, nil, err
+	}
+	if d.onEvent != nil {
+		for _, e := range res.Events {
+			d.onEvent(snaptree.Event{Kind: e.Kind, Tree: e.Tree, Node: e.Node, Nodes: e.Nodes, LatencyNs: e.LatencyNs, Time: e.Time})
+		}
 	}
 	var t *snaptree.Tree
 	if res.Tree != nil {
@@ -134,7 +145,7 @@ func (d treesViaDaemon) Fork(ctx context.Context, treeRef, node string, o snaptr
 		return nil, nil, err
 	}
 	res, err := d.cl.ForkNode(ctx, treeRef, node, client.TreeForkRequest{N: o.N, Names: o.Names, Labels: o.Labels})
-	_, t, err := result(res, err)
+	_, t, err := d.result(res, err)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -150,7 +161,7 @@ func (d treesViaDaemon) Prepare(ctx context.Context, treeRef, node string, refre
 	if err != nil {
 		return nil, nil, err
 	}
-	return result(d.cl.PrepareNode(ctx, treeRef, node, refresh))
+	return d.result(d.cl.PrepareNode(ctx, treeRef, node, refresh))
 }
 
 func (d treesViaDaemon) Rollback(ctx context.Context, treeRef, node, name, label string) (*snaptree.Node, *snaptree.Tree, error) {
@@ -158,27 +169,27 @@ func (d treesViaDaemon) Rollback(ctx context.Context, treeRef, node, name, label
 	if err != nil {
 		return nil, nil, err
 	}
-	return result(d.cl.RollbackNode(ctx, treeRef, node, client.TreeRollbackRequest{Name: name, Label: label}))
+	return d.result(d.cl.RollbackNode(ctx, treeRef, node, client.TreeRollbackRequest{Name: name, Label: label}))
 }
 
 func (d treesViaDaemon) Suspend(ctx context.Context, treeRef, node string) (*snaptree.Node, *snaptree.Tree, error) {
-	return result(d.cl.SuspendNode(ctx, treeRef, node))
+	return d.result(d.cl.SuspendNode(ctx, treeRef, node))
 }
 
 func (d treesViaDaemon) Resume(ctx context.Context, treeRef, node string) (*snaptree.Node, *snaptree.Tree, error) {
-	return result(d.cl.ResumeNode(ctx, treeRef, node))
+	return d.result(d.cl.ResumeNode(ctx, treeRef, node))
 }
 
 func (d treesViaDaemon) Protect(ctx context.Context, treeRef, node string, on bool) (*snaptree.Node, *snaptree.Tree, error) {
 	if on {
-		return result(d.cl.ProtectNode(ctx, treeRef, node))
+		return d.result(d.cl.ProtectNode(ctx, treeRef, node))
 	}
-	return result(d.cl.UnprotectNode(ctx, treeRef, node))
+	return d.result(d.cl.UnprotectNode(ctx, treeRef, node))
 }
 
 func (d treesViaDaemon) Prune(ctx context.Context, treeRef, node string) (*snaptree.PruneResult, *snaptree.Tree, error) {
 	res, err := d.cl.PruneNode(ctx, treeRef, node)
-	_, t, err := result(res, err)
+	_, t, err := d.result(res, err)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -187,7 +198,7 @@ func (d treesViaDaemon) Prune(ctx context.Context, treeRef, node string) (*snapt
 
 func (d treesViaDaemon) Drop(ctx context.Context, treeRef string) (*snaptree.DropResult, *snaptree.Tree, error) {
 	res, err := d.cl.DropTree(ctx, treeRef)
-	_, t, err := result(res, err)
+	_, t, err := d.result(res, err)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -196,7 +207,7 @@ func (d treesViaDaemon) Drop(ctx context.Context, treeRef string) (*snaptree.Dro
 
 func (d treesViaDaemon) Evict(ctx context.Context, treeRef string) ([]string, *snaptree.Tree, error) {
 	res, err := d.cl.EvictTree(ctx, treeRef)
-	_, t, err := result(res, err)
+	_, t, err := d.result(res, err)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -204,6 +215,7 @@ func (d treesViaDaemon) Evict(ctx context.Context, treeRef string) ([]string, *s
 }
 
 func (d treesViaDaemon) SetBudget(ctx context.Context, treeRef string, b snaptree.Budget) (*snaptree.Tree, error) {
-	return toTree(d.cl.SetTreeBudget(ctx, treeRef, client.TreeBudgetRequest{MaxLive: &b.MaxLive, MaxRAMBytes: &b.MaxRAMBytes,
+	_, t, err := d.result(d.cl.SetTreeBudget(ctx, treeRef, client.TreeBudgetRequest{MaxLive: &b.MaxLive, MaxRAMBytes: &b.MaxRAMBytes,
 		MaxDiskBytes: &b.MaxDiskBytes, MaxChainDepth: &b.MaxChainDepth}))
+	return t, err
 }

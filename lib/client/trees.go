@@ -143,6 +143,9 @@ type TreeResult struct {
 	// Drop and evict: the nodes suspended; drop: where the state stays on disk.
 	Suspended []string `json:"suspended,omitempty"`
 	Dir       string   `json:"dir,omitempty"`
+	// Events are the operation's mutations as watchers get them, evictions it caused
+	// included.
+	Events []TreeEvent `json:"events,omitempty"`
 }
 
 // TreeEvent is one mutation of a tree.
@@ -233,9 +236,9 @@ func (c *Client) EvictTree(ctx context.Context, ref string) (*TreeResult, error)
 }
 
 // SetTreeBudget changes the fields of tree ref's budget that b gives, then evicts what
-// the new budget asks for.
-func (c *Client) SetTreeBudget(ctx context.Context, ref string, b TreeBudgetRequest) (*SnapshotTree, error) {
-	var out SnapshotTree
+// the new budget asks for (res.Events).
+func (c *Client) SetTreeBudget(ctx context.Context, ref string, b TreeBudgetRequest) (*TreeResult, error) {
+	var out TreeResult
 	return &out, c.do(ctx, "POST", treePath(ref, "budget"), b, &out)
 }
 

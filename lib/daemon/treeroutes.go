@@ -80,8 +80,8 @@ func (s *Server) setTreeBudget(w http.ResponseWriter, r *http.Request) {
 	if !s.body(w, r, &req, false) {
 		return
 	}
-	t, err := s.svc.SetTreeBudget(r.Context(), r.PathValue("tree"), req)
-	reply(w, http.StatusOK, t, err)
+	res, err := s.svc.SetTreeBudget(r.Context(), r.PathValue("tree"), req)
+	reply(w, http.StatusOK, res, err)
 }
 
 func (s *Server) forkNode(w http.ResponseWriter, r *http.Request) {

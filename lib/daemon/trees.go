@@ -25,22 +25,34 @@ type treeHub struct {
 	events fanout[client.TreeEvent]
 }
 
-// Trees returns the service's snapshot-tree manager.
+// Trees returns the service's snapshot-tree manager (its mutations are published).
 func (s *Service) Trees() *snaptree.Manager {
 	h := &s.trees
 	h.once.Do(func() {
-		h.m = &snaptree.Manager{RT: s.RT, OnEvent: func(e snaptree.Event) {
-			h.events.publish(client.TreeEvent{Kind: e.Kind, Tree: e.Tree, Node: e.Node, Nodes: e.Nodes,
-				LatencyNs: e.LatencyNs, Time: e.Time, Seq: h.seq.Add(1)})
-		}}
+		h.m = &snaptree.Manager{RT: s.RT, OnEvent: func(e snaptree.Event) { s.publishTree(e) }}
 	})
 	return h.m
 }
 
+// publishTree numbers a tree event and sends it to the watchers.
+func (s *Service) publishTree(e snaptree.Event) client.TreeEvent {
+	te := client.TreeEvent{Kind: e.Kind, Tree: e.Tree, Node: e.Node, Nodes: e.Nodes,
+		LatencyNs: e.LatencyNs, Time: e.Time, Seq: s.trees.seq.Add(1)}
+	s.trees.events.publish(te)
+	return te
+}
+
 // mutate runs one tree mutation to the end (a CRIU dump or restore is never cut short
-// by a client hanging up; what it made stays in the tree, and watchers see it).
-func (s *Service) mutate(ctx context.Context, f func(ctx context.Context, m *snaptree.Manager) error) error {
-	m := s.Trees()
+// by a client hanging up; what it made stays in the tree, and watchers see it). Its
+// events (evictions it caused included) are published and, if res is not nil, added to
+// res.Events: f gets a manager of its own, so they are this operation's only.
+func (s *Service) mutate(ctx context.Context, res *TreeResult, f func(ctx context.Context, m *snaptree.Manager) error) error {
+	m := &snaptree.Manager{RT: s.Trees().RT, OnEvent: func(e snaptree.Event) {
+		te := s.publishTree(e)
+		if res != nil {
+			res.Events = append(res.Events, te)
+		}
+	}}
 	s.trees.mu.RLock()
 	defer s.trees.mu.RUnlock()
 	return f(context.WithoutCancel(ctx), m)
@@ -58,6 +70,8 @@ type TreeResult struct {
 	DiskFreed   int64            `json:"disk_freed,omitempty"`
 	Suspended   []string         `json:"suspended,omitempty"`
 	Dir         string           `json:"dir,omitempty"`
+	// Events are the operation's mutations, as watchers get them (evictions included).
+	Events []client.TreeEvent `json:"events,omitempty"`
 }
 
 // treeBudget is base with the fields r gives, checked.
@@ -129,7 +143,7 @@ func (s *Service) CreateTree(ctx context.Context, req client.TreeCreateRequest) 
 		return nil, err
 	}
 	var t *snaptree.Tree
-	err = s.mutate(ctx, func(ctx context.Context, m *snaptree.Manager) error {
+	err = s.mutate(ctx, nil, func(ctx context.Context, m *snaptree.Manager) error {
 		if req.Adopt != "" {
 			t, err = m.Adopt(ctx, req.Adopt, o)
 		} else {
@@ -176,7 +190,7 @@ func (s *Service) TreeNode(ctx context.Context, ref, node string) (*snaptree.Nod
 // DropTree forgets tree ref: live nodes are suspended, the state stays on disk.
 func (s *Service) DropTree(ctx context.Context, ref string) (*TreeResult, error) {
 	res := &TreeResult{}
-	err := s.mutate(ctx, func(ctx context.Context, m *snaptree.Manager) error {
+	err := s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		d, t, err := m.Drop(ctx, ref)
 		res.Tree = t
 		if d != nil {
@@ -190,7 +204,7 @@ func (s *Service) DropTree(ctx context.Context, ref string) (*TreeResult, error)
 // EvictTree runs the budget's eviction now.
 func (s *Service) EvictTree(ctx context.Context, ref string) (*TreeResult, error) {
 	res := &TreeResult{}
-	err := s.mutate(ctx, func(ctx context.Context, m *snaptree.Manager) error {
+	err := s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		ids, t, err := m.Evict(ctx, ref)
 		res.Tree, res.Suspended = t, ids
 		return err
@@ -199,7 +213,7 @@ func (s *Service) EvictTree(ctx context.Context, ref string) (*TreeResult, error
 }
 
 // SetTreeBudget changes the budget fields b gives, then evicts what the new budget asks.
-func (s *Service) SetTreeBudget(ctx context.Context, ref string, b client.TreeBudgetRequest) (*snaptree.Tree, error) {
+func (s *Service) SetTreeBudget(ctx context.Context, ref string, b client.TreeBudgetRequest) (*TreeResult, error) {
 	t, err := s.GetTree(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -208,11 +222,12 @@ func (s *Service) SetTreeBudget(ctx context.Context, ref string, b client.TreeBu
 	if err != nil {
 		return nil, err
 	}
-	err = s.mutate(ctx, func(ctx context.Context, m *snaptree.Manager) error {
-		t, err = m.SetBudget(ctx, t.ID, nb)
+	res := &TreeResult{}
+	err = s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
+		res.Tree, err = m.SetBudget(ctx, t.ID, nb)
 		return err
 	})
-	return t, err
+	return res, err
 }
 
 // ForkNode forks node of tree ref: req.N branches sharing one dump.
@@ -235,7 +250,7 @@ func (s *Service) ForkNode(ctx context.Context, ref, node string, req client.Tre
 		return nil, err
 	}
 	res := &TreeResult{}
-	err := s.mutate(ctx, func(ctx context.Context, m *snaptree.Manager) error {
+	err := s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		nodes, t, err := m.Fork(ctx, ref, node, snaptree.ForkOptions{N: n, Names: req.Names, Labels: req.Labels})
 		res.Tree, res.Nodes = t, nodes
 		return err
@@ -288,7 +303,7 @@ func (s *Service) ProtectNode(ctx context.Context, ref, node string, on bool) (*
 
 func (s *Service) nodeOp(ctx context.Context, op func(context.Context, *snaptree.Manager) (*snaptree.Node, *snaptree.Tree, error)) (*TreeResult, error) {
 	res := &TreeResult{}
-	err := s.mutate(ctx, func(ctx context.Context, m *snaptree.Manager) error {
+	err := s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		n, t, err := op(ctx, m)
 		res.Node, res.Tree = n, t
 		return err
@@ -299,7 +314,7 @@ func (s *Service) nodeOp(ctx context.Context, op func(context.Context, *snaptree
 // PruneNode deletes node and its whole subtree; the root takes the tree with it.
 func (s *Service) PruneNode(ctx context.Context, ref, node string) (*TreeResult, error) {
 	res := &TreeResult{}
-	err := s.mutate(ctx, func(ctx context.Context, m *snaptree.Manager) error {
+	err := s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		p, t, err := m.Prune(ctx, ref, node)
 		if p != nil {
 			res.Pruned, res.TreeRemoved, res.TmpfsFreed, res.DiskFreed = p.Pruned, p.TreeRemoved, p.TmpfsFreed, p.DiskFreed

@@ -142,6 +142,9 @@ func TestTreeRoutes(t *testing.T) {
 		t.Fatalf("fork: %+v", res)
 	}
 	a, b := res.Nodes[0].ID, res.Nodes[1].ID
+	if len(res.Events) != 1 || res.Events[0].Kind != "fork" || !slices.Equal(res.Events[0].Nodes, []string{a, b}) {
+		t.Errorf("fork's events: %+v", res.Events)
+	}
 	if res.Nodes[0].Parent != root || res.Nodes[0].Label != "a" || res.Nodes[0].Name != "ta" || res.Nodes[1].Label != "b" {
 		t.Errorf("fork nodes %+v", res.Nodes)
 	}
@@ -188,12 +191,17 @@ func TestTreeRoutes(t *testing.T) {
 	rb := res.Node.ID
 	// A RAM budget nothing fits: eviction suspends every unprotected live node, never a.
 	small := int64(1 << 20)
-	nt, err := cl.SetTreeBudget(bg, tr.ID, client.TreeBudgetRequest{MaxRAMBytes: &small})
+	res, err = cl.SetTreeBudget(bg, tr.ID, client.TreeBudgetRequest{MaxRAMBytes: &small})
 	if err != nil {
 		t.Fatal(err)
 	}
+	nt := res.Tree
 	if nt.Budget.MaxRAMBytes != small || nt.Budget.MaxLive != 8 {
 		t.Errorf("budget after change: %+v", nt.Budget)
+	}
+	// The answer lists the operation's events: the change, then what it evicted.
+	if len(res.Events) != 2 || res.Events[0].Kind != "budget" || res.Events[1].Kind != "evict" || len(res.Events[1].Nodes) != 4 || res.Events[1].LatencyNs <= 0 {
+		t.Errorf("budget change's events: %+v", res.Events)
 	}
 	for id, n := range nt.Nodes {
 		want := client.NodeSuspended

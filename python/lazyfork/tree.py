@@ -21,7 +21,8 @@ a decision point, explore each branch, keep the winners, prune the losers::
     for message in tree.watch():   # the tree, then one event per mutation
         ...
 
-Every node operation returns what the daemon answered (docs/api.md, "Snapshot trees");
+Every node operation returns what the daemon answered (docs/api.md, "Snapshot trees";
+the full answers, with each operation's ``events``, are in ``Tree.last``);
 a failure raises :class:`lazyfork.client.LazyforkError` (``over_budget`` when an
 operation cannot fit the budget even after eviction).
 """
@@ -55,6 +56,7 @@ class Tree:
         self.client = client
         self.ref = ref
         self.doc = doc  # the tree document the daemon last answered
+        self.last = None  # the last operation's whole answer (tree, node(s), events, ...)
 
     def __repr__(self):
         return "Tree(%r)" % (self.ref,)
@@ -64,6 +66,7 @@ class Tree:
         return p + "/" + verb if verb else p
 
     def _keep(self, res):
+        self.last = res
         if res and res.get("tree"):
             self.doc = res["tree"]
         return res
@@ -108,9 +111,8 @@ class Tree:
 
     def set_budget(self, **fields):
         """Change the given budget fields (max_live=..., max_ram_bytes=...); evicts what the
-        new budget asks for. Returns the tree document."""
-        self.doc = self.client.request("POST", self._path("budget"), budget_body(fields))
-        return self.doc
+        new budget asks for. Returns {"tree": ..., "events": [...]} (evictions included)."""
+        return self._keep(self.client.request("POST", self._path("budget"), budget_body(fields)))
 
     def drop(self):
         """Forget the tree: live nodes are suspended to disk; returns {"suspended": [...],
