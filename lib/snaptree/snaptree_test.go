@@ -420,7 +420,8 @@ func TestEvictionSuspendsLeastRecentlyActiveUnprotected(t *testing.T) {
 	// A RAM budget the three live nodes exceed 85% of, and two do not.
 	total := liveRAM(tr)
 	small := tr.Budget
-	small.MaxRAMBytes = int64(float64(total) / 0.85 * 0.97)
+	// 8% over the threshold: RAM figures move by a few hundred KiB between looks.
+	small.MaxRAMBytes = int64(float64(total) / 0.85 * 0.92)
 	t.Logf("live RAM root %d a %d b %d = %d; budget %d", r.RAMBytes, na.RAMBytes, nb.RAMBytes, total, small.MaxRAMBytes)
 	var evs []snaptree.Event
 	m.OnEvent = func(e snaptree.Event) { evs = append(evs, e) }
