@@ -97,6 +97,25 @@ func treeBudget(base snaptree.Budget, r *client.TreeBudgetRequest) (snaptree.Bud
 	return b, nil
 }
 
+// MaxLabel bounds a node label (bytes).
+const MaxLabel = 256
+
+// checkLabels refuses labels that are long or hold control characters (they end up in
+// tables on terminals).
+func checkLabels(labels ...string) error {
+	for _, l := range labels {
+		if len(l) > MaxLabel {
+			return badRequest("label %.20q... is %d bytes: at most %d", l, len(l), MaxLabel)
+		}
+		for _, r := range l {
+			if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+				return badRequest("label %q holds a control character: use printable text", l)
+			}
+		}
+	}
+	return nil
+}
+
 // ListTrees returns every tree, oldest first (figures as of each one's last operation).
 func (s *Service) ListTrees(ctx context.Context) ([]*snaptree.Tree, error) {
 	all, err := s.Trees().List()
@@ -114,6 +133,9 @@ func (s *Service) CreateTree(ctx context.Context, req client.TreeCreateRequest) 
 	}
 	b, err := treeBudget(snaptree.DefaultBudget(), req.Budget)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkLabels(req.Label); err != nil {
 		return nil, err
 	}
 	if req.Name != "" {
@@ -249,6 +271,9 @@ func (s *Service) ForkNode(ctx context.Context, ref, node string, req client.Tre
 	if err := s.RT.Tree.CheckNamesFree(req.Names); err != nil {
 		return nil, err
 	}
+	if err := checkLabels(req.Labels...); err != nil {
+		return nil, err
+	}
 	res := &TreeResult{}
 	err := s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		nodes, t, err := m.Fork(ctx, ref, node, snaptree.ForkOptions{N: n, Names: req.Names, Labels: req.Labels})
@@ -267,6 +292,9 @@ func (s *Service) PrepareNode(ctx context.Context, ref, node string, req client.
 
 // RollbackNode starts a new branch from node's keyframe; the answer's node is the branch.
 func (s *Service) RollbackNode(ctx context.Context, ref, node string, req client.TreeRollbackRequest) (*TreeResult, error) {
+	if err := checkLabels(req.Label); err != nil {
+		return nil, err
+	}
 	if req.Name != "" {
 		if err := tree.ValidateName(req.Name); err != nil {
 			return nil, err
