@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/overlay"
@@ -136,8 +135,8 @@ func (r *Runtime) Delete(c *tree.Container) error {
 	return nil
 }
 
-// Info is one row of `lazyfork list`: the API's type (lib/client), built here.
-type Info = client.Info
+// Info is one row of `lazyfork list` (tree.Info, the API's container object), built here.
+type Info = tree.Info
 
 // Inspect builds the live view of one container.
 func (r *Runtime) Inspect(c *tree.Container) Info {
