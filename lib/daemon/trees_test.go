@@ -29,6 +29,11 @@ func (d *testDaemon) createTree(req client.TreeCreateRequest) *client.SnapshotTr
 	if err != nil {
 		d.t.Fatalf("create tree: %v", err)
 	}
+	d.pruneAtEnd(t)
+	return t
+}
+
+func (d *testDaemon) pruneAtEnd(t *client.SnapshotTree) {
 	d.t.Cleanup(func() {
 		if _, err := os.Stat(snaptree.TreeDir(t.ID)); err != nil {
 			return
@@ -38,7 +43,6 @@ func (d *testDaemon) createTree(req client.TreeCreateRequest) *client.SnapshotTr
 			d.t.Errorf("cleanup: prune tree %s: %v", t.ID, err)
 		}
 	})
-	return t
 }
 
 // watcher collects one tree's watch stream (another client than the test's).
@@ -395,10 +399,20 @@ func TestTreeBadInput(t *testing.T) {
 	}
 }
 
-// A daemon restarted in the middle sees the tree as it was; its suspended node resumes.
+// A tree adopted from a running container; a daemon restarted in the middle sees the
+// tree as it was, its suspended node resumes; drop keeps the state, and a prune of the
+// dropped tree's root deletes it.
 func TestTreeDaemonRestart(t *testing.T) {
 	d := newDaemon(t)
-	tr := d.createTree(client.TreeCreateRequest{Root: &client.CreateRequest{Image: image, Command: counterCmd}})
+	c := d.create("adoptee", counterCmd...)
+	tr, err := d.cl.AdoptTree(bg, "adoptee", client.TreeCreateRequest{Label: "adopted"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.pruneAtEnd(tr)
+	if r := tr.Nodes[tr.Root]; tr.Root != c.ID || r.Name != "adoptee" || r.Label != "adopted" || !r.HasKeyframe || r.State != client.NodeLive {
+		t.Fatalf("adopted tree: root %s %+v", tr.Root, r)
+	}
 	res, err := d.cl.ForkNode(bg, tr.ID, tr.Root, client.TreeForkRequest{N: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -434,6 +448,23 @@ func TestTreeDaemonRestart(t *testing.T) {
 	}
 	if got := d.exec(a, "hostname"); got != a {
 		t.Errorf("hostname %q", got)
+	}
+	res, err = d.cl.DropTree(bg, tr.ID)
+	if err != nil || len(res.Suspended) != 3 || !res.Tree.Dropped {
+		t.Fatalf("drop: %+v, %v", res, err)
+	}
+	dir := res.Dir
+	if _, err := os.Stat(dir); err != nil || dir != snaptree.TreeDir(tr.ID) {
+		t.Errorf("dropped tree's state in %s: %v", dir, err)
+	}
+	if res, err = d.cl.PruneNode(bg, tr.ID, tr.Root); err != nil || !res.TreeRemoved {
+		t.Fatalf("prune the dropped tree's root: %+v, %v", res, err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("dropped tree's directory after the prune: %v", err)
+	}
+	if rows, _ := d.cl.List(bg); len(rows) != 0 {
+		t.Errorf("containers left: %+v", rows)
 	}
 }
 
@@ -490,6 +521,11 @@ func TestPythonTreeSDK(t *testing.T) {
 		WatchFirst      []string          `json:"watch_first"`
 		WatchEvents     [][]any           `json:"watch_events"`
 		TreesAfter      []string          `json:"trees_after"`
+		Adopted         []any             `json:"adopted"`
+		Dropped         []bool            `json:"dropped"`
+		DroppedFork     string            `json:"dropped_fork"`
+		DroppedPruned   bool              `json:"dropped_pruned"`
+		ContainersAfter int               `json:"containers_after"`
 	}
 	if err := json.Unmarshal(out, &r); err != nil {
 		t.Fatalf("report %q: %v\n%s", out, err, stderr.String())
@@ -515,6 +551,10 @@ func TestPythonTreeSDK(t *testing.T) {
 	}
 	if !r.WatchEnded || !slices.Contains(r.WatchFirst, "tree") {
 		t.Errorf("watch: ended %v, first message keys %v", r.WatchEnded, r.WatchFirst)
+	}
+	if len(r.Adopted) != 2 || r.Adopted[0] != true || r.Adopted[1] != "adopted" || !slices.Equal(r.Dropped, []bool{true, true, true}) ||
+		r.DroppedFork != client.CodeInvalidState || !r.DroppedPruned || r.ContainersAfter != 0 {
+		t.Errorf("adopt, drop, prune of a dropped tree: %v %v %q %v, %d containers left", r.Adopted, r.Dropped, r.DroppedFork, r.DroppedPruned, r.ContainersAfter)
 	}
 	var kinds []string
 	for _, e := range r.WatchEvents {

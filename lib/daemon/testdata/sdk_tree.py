@@ -71,4 +71,17 @@ report["watch_ended"] = not watcher.is_alive()
 report["watch_first"] = sorted(seen[0]) if seen else []
 report["watch_events"] = [[m["event"]["kind"], m["event"].get("node", ""), m["event"]["latency_ns"]] for m in seen[1:]]
 report["trees_after"] = [t.id for t in c.trees()]
+
+# Adopt a running container; drop keeps the state; pruning the dropped root deletes it.
+w = c.create(image, command, name="py-adoptee")
+t2 = c.adopt_tree("py-adoptee", name="py2", label="adopted")
+report["adopted"] = [t2.root.id == w.id, t2.root.metadata["label"]]
+d = t2.drop()
+report["dropped"] = [bool(d["dir"]), d["tree"]["dropped"], d["suspended"] == [w.id]]
+try:
+    t2.root.fork()
+except LazyforkError as e:
+    report["dropped_fork"] = e.code
+report["dropped_pruned"] = t2.prune()["tree_removed"]
+report["containers_after"] = len(c.list())
 print(json.dumps(report))
