@@ -3,6 +3,7 @@ package snaptree_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
 	"github.com/lazyfork/lazyfork/lib/testutil"
+	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -59,7 +61,16 @@ while True:
     signal.pause()
 `
 
-const queryScript = `rm -f /tmp/a; kill -USR1 1; for i in $(seq 400); do [ -f /tmp/a ] && cat /tmp/a && exit 0; sleep 0.05; done; echo no answer >&2; exit 1`
+// waitLoops is how many 50 ms polls a script inside a container makes: 20 s, stretched
+// on slow machines (make test-v2).
+func waitLoops() int { return int(timescale.Scale(20*time.Second) / (50 * time.Millisecond)) }
+
+// execTimeout bounds a command run in a container.
+func execTimeout() time.Duration { return timescale.Scale(40 * time.Second) }
+
+func queryScript() string {
+	return fmt.Sprintf(`rm -f /tmp/a; kill -USR1 1; for i in $(seq %d); do [ -f /tmp/a ] && cat /tmp/a && exit 0; sleep 0.05; done; echo no answer >&2; exit 1`, waitLoops())
+}
 
 // query returns the heap hash and the query counter of a node's program.
 func query(t *testing.T, rt *runtime.Runtime, id string) (string, int) {
@@ -68,7 +79,7 @@ func query(t *testing.T, rt *runtime.Runtime, id string) (string, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", queryScript}, Timeout: 40 * time.Second})
+	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", queryScript()}, Timeout: execTimeout()})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("query %s: %v %+v", id, err, res)
 	}
@@ -84,7 +95,7 @@ func query(t *testing.T, rt *runtime.Runtime, id string) (string, int) {
 func dirty(t *testing.T, rt *runtime.Runtime, id string) {
 	t.Helper()
 	res, err := rt.Exec(ctx, mustGet(t, rt, id), runtime.ExecOptions{Args: []string{"sh", "-c",
-		`rm -f /tmp/d; kill -USR2 1; for i in $(seq 400); do [ -f /tmp/d ] && exit 0; sleep 0.05; done; exit 1`}, Timeout: 40 * time.Second})
+		fmt.Sprintf(`rm -f /tmp/d; kill -USR2 1; for i in $(seq %d); do [ -f /tmp/d ] && exit 0; sleep 0.05; done; exit 1`, waitLoops())}, Timeout: execTimeout()})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("dirty %s: %v %+v", id, err, res)
 	}
@@ -96,7 +107,7 @@ func catFile(t *testing.T, rt *runtime.Runtime, id, path string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"cat", path}, Timeout: 30 * time.Second})
+	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"cat", path}, Timeout: execTimeout()})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("cat %s in %s: %v %+v", path, id, err, res)
 	}
@@ -122,7 +133,7 @@ func newTree(t *testing.T, b *snaptree.Budget) (*runtime.Runtime, *snaptree.Mana
 	})
 	c, _ := rt.Tree.Get(tr.Root)
 	testutil.Eventually(t, 20*time.Second, "root program ready", func() bool {
-		res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: 10 * time.Second})
+		res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: execTimeout()})
 		return err == nil && res.ExitCode == 0
 	})
 	return rt, m, tr
@@ -644,7 +655,7 @@ func TestAdoptRollbackSuspendedDrop(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 20*time.Second, "program ready", func() bool {
-		res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: 10 * time.Second})
+		res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: execTimeout()})
 		return err == nil && res.ExitCode == 0
 	})
 	h0, n0 := query(t, rt, c.ID)
