@@ -38,12 +38,12 @@ FULL = dict(
     heaps=[128, 256], ns=[1, 10, 25, 50, 100], plain_ns=[1, 10, 25, 50, 100],
     lazy_ns=[1, 10, 25, 50], share_ns={256: [1, 10, 100], 128: [10, 100]},
     lineage_heap=256, lineage_levels=9, nfp_n=10, e2e_ns=[1, 100], swrk_ns=[1, 10, 100], huge_ns=[10, 100], settle=5.0,
-    target_heap=256, copy_runs=3, confine_n=50, repeat_k=8,
+    target_heap=256, copy_runs=3, confine_n=50, repeat_k=8, first_req_k=10,
 )
 SMOKE = dict(
     heaps=[16], ns=[1, 2], plain_ns=[1, 2], lazy_ns=[1], share_ns={16: [2]},
     lineage_heap=16, lineage_levels=2, nfp_n=1, e2e_ns=[2], swrk_ns=[2], huge_ns=[2], settle=1.0,
-    target_heap=16, copy_runs=1, confine_n=2, repeat_k=2,
+    target_heap=16, copy_runs=1, confine_n=2, repeat_k=2, first_req_k=2,
 )
 
 
@@ -202,6 +202,7 @@ class Bench:
         self.copies = []  # memfile_vs_copy.csv
         self.lineage = []  # lineage.csv
         self.budget = []  # budget.csv: lib/budget's planning cost (pure Go, no containers)
+        self.first_req = []  # first_request.csv: fork + first HTTP answer, per network mode
         self.tree = []  # tree.csv: snapshot tree operations (lazyfork tree)
         self.notes = []  # free-form findings for the summary
         self.env = {}
@@ -832,6 +833,51 @@ class Bench:
                       "host": "--net host: the host's network"}[mode],
                 dump_ms=s["dump"]["wall_ms"], frozen_ms=s["dump"]["frozen_ms"]))
             self.delete([f["id"] for f in forks] + [src["id"]])
+        self.first_request_rows()
+
+    def first_request_rows(self):
+        """Fork + first request: a web server (python3 -m http.server) forked one fork at a
+        time with lf-restore; from lf-restore's start to the fork's first HTTP answer. In none
+        mode the request is made inside the fork's namespace (nsenter), in bridge mode from
+        the host to the fork's address over the bridge (curl bound to the bridge)."""
+        k = self.cfg["first_req_k"]
+        for mode in ("none", "bridge"):
+            src = json.loads(self.lf("create", IMAGE, "--name", self.name("web", mode, "src"), "--json", "--net", mode,
+                                     "--", "python3", "-m", "http.server", "8080", "--bind", "0.0.0.0").stdout)
+            ids = []
+            try:
+                self.wait_http(src, mode, 60)
+                s = self.dump(src["id"])
+                restore, first = [], []
+                for i in range(k):
+                    t = now()
+                    p = self.run([BIN / "lf-restore", "-n", 1, "--name", self.name("web", mode, i)], input=json.dumps(s), timeout=300)
+                    f = self.jsonl(p.stdout)[0]
+                    ids.append(f["id"])
+                    restore.append((now() - t) * 1000)
+                    self.wait_http(f, mode, 30)
+                    first.append((now() - t) * 1000)
+                self.first_req.append(dict(mode=mode, n=k, restore_p50_ms=pct(restore, 50), first_request_p50_ms=pct(first, 50),
+                                           first_request_p95_ms=pct(first, 95), dump_ms=s["dump"]["wall_ms"]))
+                log(f"  fork + first request, --net {mode}: restore p50 {pct(restore, 50):.0f} ms, "
+                    f"first answer p50 {pct(first, 50):.0f} ms after lf-restore started")
+            finally:
+                self.delete(ids + [src["id"]])
+
+    def wait_http(self, rec, mode, timeout):
+        """Polls the server of rec (a create or fork document) until it answers 200."""
+        if mode == "bridge":
+            cmd = ["curl", "-sf", "-o", "/dev/null", "--max-time", "1", "--interface", os.environ["LAZYFORK_BRIDGE"],
+                   f"http://{rec['address']}:8080/"]
+        else:
+            cmd = ["nsenter", "-t", str(rec["pid"]), "-n", "curl", "-sf", "-o", "/dev/null", "--max-time", "1",
+                   "http://127.0.0.1:8080/"]
+        deadline = now() + timeout
+        while now() < deadline:
+            if subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
+                return
+            time.sleep(0.005)
+        raise RuntimeError(f"{rec['id']} (--net {mode}) did not answer HTTP within {timeout} s")
 
     # ---------- idle forks: the agent only holds its heap ----------
 
@@ -1094,6 +1140,7 @@ class Bench:
         write_csv(self.out / "memfile_vs_copy.csv", self.copies)
         write_csv(self.out / "lineage.csv", self.lineage)
         write_csv(self.out / "budget.csv", self.budget)
+        write_csv(self.out / "first_request.csv", self.first_req)
         write_csv(self.out / "tree.csv", self.tree)
         # env.json also keeps what summary.py needs to re-render summary.md from this directory.
         (self.out / "env.json").write_text(json.dumps(dict(self.env, cfg=self.cfg, notes=self.notes,

@@ -304,6 +304,17 @@ def render(b):
         w(table(["heap MiB", "N", "--net", "restore ms p50", "p95", "MB per fork (p50)", "dump ms", "frozen ms"], rs))
         w("")
 
+    fr = getattr(b, "first_req", [])
+    if fr:
+        w("Fork + first request: a web server (`python3 -m http.server`) forked one fork at a time with "
+          "`lf-restore`, timed from its start to the fork's first HTTP answer (asked inside the fork's namespace "
+          "with nsenter in `none` mode, from the host over the bridge in `bridge` mode; each poll is a curl).")
+        w("")
+        w(table(["--net", "forks", "restore ms p50", "first answer ms p50", "p95", "dump ms"],
+                [[r["mode"], r["n"], ms(r["restore_p50_ms"]), ms(r["first_request_p50_ms"]), ms(r["first_request_p95_ms"]),
+                  ms(r.get("dump_ms"))] for r in fr]))
+        w("")
+
     # ---- forking a live container again and again ----
     rep = [r for r in rows if r["method"] in ("lazyfork-repeat", "lazyfork-repeat-copy") and r.get("forks_run")]
     if rep:
@@ -449,6 +460,7 @@ class _Run:
         self.rows, self.copies, self.snaps, self.lineage = (
             _load(d / f) for f in ("rows.csv", "memfile_vs_copy.csv", "snapshots.csv", "lineage.csv"))
         self.budget = _load(d / "budget.csv")
+        self.first_req = _load(d / "first_request.csv")
 
 
 def _load(path):

@@ -273,6 +273,11 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 	if c.Net == runtime.NetBridge && s.Addr != "" && s.Addr != c.Addr {
 		parentAddr = s.Addr
 	}
+	// A confined --net none container cannot change its namespace (no CAP_NET_ADMIN):
+	// a fresh one with loopback up is all its image's would give, and making it is far
+	// cheaper than CRIU's restore of the dumped one (which runs ip and iptables-restore).
+	// A privileged one keeps CRIU's restore (its sysctls and firewall rules).
+	freshNone := s.Net == runtime.NetNone && netns == "" && !s.SharedNetNS && s.Confine != nil && !s.Confine.Privileged
 	res, err := criu.Restore(ctx, criu.RestoreOptions{
 		ImagesDir:      s.ImagesDir,
 		WorkDir:        work,
@@ -283,7 +288,7 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 		TCPEstablished: s.Net == runtime.NetNone || s.Net == runtime.NetBridge,
 		// Bridge mode: the namespace is made here, with the fork's own address, before
 		// CRIU restores sockets into it (setup-namespaces below).
-		EmptyNetNS: s.Net == runtime.NetBridge,
+		EmptyNetNS: (s.Net == runtime.NetBridge && netns == "") || freshNone,
 		Timeout:    RestoreTimeout,
 		KdatDir:    kdatDir(),
 		JoinCgroup: cg.ProcsFiles(),
@@ -296,6 +301,9 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 			}
 			switch script {
 			case "setup-namespaces":
+				if freshNone {
+					return network.LoopbackUp(pid)
+				}
 				return runtime.AttachNetwork(pid, c, parentAddr)
 			case "post-restore":
 				if parentAddr != "" {

@@ -102,6 +102,19 @@ func Attach(pid int, id string, a Attachment) (retErr error) {
 	return nil
 }
 
+// LoopbackUp brings up lo in the network namespace of pid (a restore's new, empty one).
+func LoopbackUp(pid int) error {
+	nsf, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return err
+	}
+	defer nsf.Close()
+	if err := inNetNS(nsf, func(h *netlink.Handle) error { return linkUp(h, "lo") }); err != nil {
+		return fmt.Errorf("loopback up in %d's namespace: %w", pid, err)
+	}
+	return nil
+}
+
 // Detach removes the host end of id's veth pair (the kernel removes the other end with
 // it). Nothing there is fine: a namespace whose last process ended took the pair along.
 func Detach(id string) error {
