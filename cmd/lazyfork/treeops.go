@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 
 	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
@@ -34,8 +32,8 @@ var (
 	_ treeOps = treesViaDaemon{}
 )
 
-// treesViaDaemon is the daemon's tree routes behind treeOps. The daemon answers with
-// lib/snaptree's documents, so its answers convert back without loss.
+// treesViaDaemon is the daemon's tree routes behind treeOps (they answer with the same
+// lib/treedoc documents lib/snaptree returns).
 type treesViaDaemon struct {
 	cl *client.Client
 	// onEvent gets the events each answer lists (evictions included), as the Manager's
@@ -43,28 +41,7 @@ type treesViaDaemon struct {
 	onEvent func(snaptree.Event)
 }
 
-// convert copies src into dst through their common JSON form.
-func convert(src, dst any) error {
-	b, err := json.Marshal(src)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(b, dst)
-}
-
-func toTree(t *client.SnapshotTree, err error) (*snaptree.Tree, error) {
-	if err != nil {
-		return nil, err
-	}
-	var out snaptree.Tree
-	if err := convert(t, &out); err != nil {
-		return nil, fmt.Errorf("read the daemon's tree: %w", err)
-	}
-	return &out, nil
-}
-
-// result converts an operation's answer: the tree and, when it has one, its node; its
-// events go to onEvent.
+// result is an operation's node and tree; its events go to onEvent.
 func (d treesViaDaemon) result(res *client.TreeResult, err error) (*snaptree.Node, *snaptree.Tree, error) {
 	if err != nil {
 		return nil, nil, err
@@ -74,20 +51,7 @@ func (d treesViaDaemon) result(res *client.TreeResult, err error) (*snaptree.Nod
 			d.onEvent(snaptree.Event{Kind: e.Kind, Tree: e.Tree, Node: e.Node, Nodes: e.Nodes, LatencyNs: e.LatencyNs, Time: e.Time})
 		}
 	}
-	var t *snaptree.Tree
-	if res.Tree != nil {
-		if t, err = toTree(res.Tree, nil); err != nil {
-			return nil, nil, err
-		}
-	}
-	var n *snaptree.Node
-	if res.Node != nil {
-		n = &snaptree.Node{}
-		if err := convert(res.Node, n); err != nil {
-			return nil, nil, fmt.Errorf("read the daemon's node: %w", err)
-		}
-	}
-	return n, t, nil
+	return res.Node, res.Tree, nil
 }
 
 func createRequest(o snaptree.CreateOptions) client.TreeCreateRequest {
@@ -104,27 +68,19 @@ func (d treesViaDaemon) Create(ctx context.Context, o snaptree.CreateOptions) (*
 	c := o.Container
 	req.Root = &client.CreateRequest{Image: c.Image, Name: c.Name, Command: c.Command, Env: c.Env, Hook: c.Hook,
 		User: c.User, Memory: c.Memory, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net, NAT: c.NAT}
-	return toTree(d.cl.CreateTree(ctx, req))
+	return d.cl.CreateTree(ctx, req)
 }
 
 func (d treesViaDaemon) Adopt(ctx context.Context, ref string, o snaptree.CreateOptions) (*snaptree.Tree, error) {
-	return toTree(d.cl.AdoptTree(ctx, ref, createRequest(o)))
+	return d.cl.AdoptTree(ctx, ref, createRequest(o))
 }
 
 func (d treesViaDaemon) List() ([]*snaptree.Tree, error) {
-	all, err := d.cl.ListTrees(context.Background())
-	if err != nil {
-		return nil, err
-	}
-	var out []*snaptree.Tree
-	if err := convert(all, &out); err != nil {
-		return nil, fmt.Errorf("read the daemon's trees: %w", err)
-	}
-	return out, nil
+	return d.cl.ListTrees(context.Background())
 }
 
 func (d treesViaDaemon) Get(ctx context.Context, ref string) (*snaptree.Tree, error) {
-	return toTree(d.cl.GetTree(ctx, ref))
+	return d.cl.GetTree(ctx, ref)
 }
 
 // node is the node reference for a route: the root when none is given.
@@ -149,11 +105,7 @@ func (d treesViaDaemon) Fork(ctx context.Context, treeRef, node string, o snaptr
 	if err != nil {
 		return nil, nil, err
 	}
-	var nodes []*snaptree.Node
-	if err := convert(res.Nodes, &nodes); err != nil {
-		return nil, nil, fmt.Errorf("read the daemon's nodes: %w", err)
-	}
-	return nodes, t, nil
+	return res.Nodes, t, nil
 }
 
 func (d treesViaDaemon) Prepare(ctx context.Context, treeRef, node string, refresh bool) (*snaptree.Node, *snaptree.Tree, error) {

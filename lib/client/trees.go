@@ -8,20 +8,29 @@ import (
 	"io"
 	"net/url"
 	"time"
+
+	"github.com/lazyfork/lazyfork/lib/treedoc"
 )
 
 // Snapshot trees (docs/api.md, "Snapshot trees"): a root container and the forks made
 // from it, kept within a budget by suspending least-recently-active unprotected nodes to
-// disk. The types below are the JSON the daemon answers: lib/snaptree's documents
-// (tree.json), the same `lazyfork tree ... --json` prints.
+// disk.
 
-// TreeBudget bounds one tree.
-type TreeBudget struct {
-	MaxLive       int   `json:"max_live"`
-	MaxRAMBytes   int64 `json:"max_ram_bytes"`
-	MaxDiskBytes  int64 `json:"max_disk_bytes"`
-	MaxChainDepth int   `json:"max_chain_depth"`
-}
+// The documents are lib/treedoc's (tree.json), the same the porcelain and lf-tree print.
+type (
+	SnapshotTree = treedoc.Tree   // one tree: budget, usage and every node
+	TreeNodeInfo = treedoc.Node   // one node's metadata
+	TreeBudget   = treedoc.Budget // a tree's bounds
+	TreeUsage    = treedoc.Usage  // its consumption against them
+	TreePacked   = treedoc.Packed // a snapshot of a node kept on disk
+)
+
+// Node states in a snapshot tree.
+const (
+	NodeLive      = treedoc.StateLive
+	NodeSuspended = treedoc.StateSuspended
+	NodeExited    = treedoc.StateExited
+)
 
 // TreeBudgetRequest is a budget in a request: a field left out takes the default (on
 // create) or stays as it is (on a budget change).
@@ -30,74 +39,6 @@ type TreeBudgetRequest struct {
 	MaxRAMBytes   *int64 `json:"max_ram_bytes,omitempty"`
 	MaxDiskBytes  *int64 `json:"max_disk_bytes,omitempty"`
 	MaxChainDepth *int   `json:"max_chain_depth,omitempty"`
-}
-
-// TreeUsage is a tree's consumption against its budget.
-type TreeUsage struct {
-	Live       int   `json:"live"`
-	RAMBytes   int64 `json:"ram_bytes"`   // the tree cgroup's charge
-	DiskBytes  int64 `json:"disk_bytes"`  // physical bytes of the tree's directory
-	TmpfsBytes int64 `json:"tmpfs_bytes"` // the tree's memory files on tmpfs
-}
-
-// TreePacked is one snapshot of a node kept on disk.
-type TreePacked struct {
-	Snapshot string   `json:"snapshot"`
-	Role     string   `json:"role"` // suspend or keyframe
-	Family   string   `json:"family"`
-	Files    []string `json:"files"`
-	Dir      string   `json:"dir"`
-	Bytes    int64    `json:"bytes"`
-}
-
-// Node states in a snapshot tree.
-const (
-	NodeLive      = "live"
-	NodeSuspended = "suspended"
-	NodeExited    = "exited"
-)
-
-// TreeNodeInfo is one node's metadata (lib/snaptree.Node).
-type TreeNodeInfo struct {
-	ID             string       `json:"id"`
-	Name           string       `json:"name,omitempty"`
-	Parent         string       `json:"parent,omitempty"`
-	Children       []string     `json:"children"`
-	State          string       `json:"state"` // live, suspended, exited
-	Label          string       `json:"label,omitempty"`
-	Kind           string       `json:"kind"` // container
-	Members        int          `json:"member_count"`
-	DirtyPages     int64        `json:"dirty_pages"`
-	HasKeyframe    bool         `json:"has_keyframe"`
-	Keyframe       string       `json:"keyframe,omitempty"`
-	Generation     int          `json:"generation"`
-	KeyframeBytes  int64        `json:"keyframe_bytes"`
-	DeltaBytes     int64        `json:"delta_bytes"`
-	RAMBytes       int64        `json:"ram_bytes"`
-	SharedRAMBytes int64        `json:"shared_ram_bytes"`
-	DiskBytes      int64        `json:"disk_bytes"`
-	Created        time.Time    `json:"created"`
-	LastActive     time.Time    `json:"last_active"`
-	Protected      bool         `json:"protected"`
-	From           string       `json:"from,omitempty"`
-	Packed         []TreePacked `json:"packed,omitempty"`
-	CPUTicks       uint64       `json:"cpu_ticks"`
-}
-
-// SnapshotTree is one tree: budget, usage and every node.
-type SnapshotTree struct {
-	Kind    string                   `json:"kind"`
-	Version int                      `json:"version"`
-	ID      string                   `json:"id"`
-	Name    string                   `json:"name,omitempty"`
-	Root    string                   `json:"root"`
-	Budget  TreeBudget               `json:"budget"`
-	KSM     bool                     `json:"ksm"`
-	Cgroup  map[string]string        `json:"cgroup"`
-	Created time.Time                `json:"created"`
-	Dropped bool                     `json:"dropped,omitempty"`
-	Usage   TreeUsage                `json:"usage"`
-	Nodes   map[string]*TreeNodeInfo `json:"nodes"`
 }
 
 // TreeCreateRequest is the body of POST /v1/trees: Root (a new container) or Adopt (a
@@ -132,9 +73,9 @@ type TreeRollbackRequest struct {
 // TreeResult answers every tree operation: the tree after it, and what applies of the
 // rest.
 type TreeResult struct {
-	Tree  *SnapshotTree  `json:"tree,omitempty"`  // absent once the tree is removed
-	Node  *TreeNodeInfo  `json:"node,omitempty"`  // prepare, rollback, suspend, resume, protect, unprotect
-	Nodes []TreeNodeInfo `json:"nodes,omitempty"` // fork: the new nodes
+	Tree  *SnapshotTree   `json:"tree,omitempty"`  // absent once the tree is removed
+	Node  *TreeNodeInfo   `json:"node,omitempty"`  // prepare, rollback, suspend, resume, protect, unprotect
+	Nodes []*TreeNodeInfo `json:"nodes,omitempty"` // fork: the new nodes
 	// Prune.
 	Pruned      []string `json:"pruned,omitempty"`
 	TreeRemoved bool     `json:"tree_removed,omitempty"`
@@ -191,8 +132,8 @@ func nodePath(treeRef, node, verb string) string {
 }
 
 // ListTrees returns every tree (figures as of each tree's last operation).
-func (c *Client) ListTrees(ctx context.Context) ([]SnapshotTree, error) {
-	var out []SnapshotTree
+func (c *Client) ListTrees(ctx context.Context) ([]*SnapshotTree, error) {
+	var out []*SnapshotTree
 	return out, c.do(ctx, "GET", "/v1/trees", nil, &out)
 }
 
@@ -217,8 +158,8 @@ func (c *Client) GetTree(ctx context.Context, ref string) (*SnapshotTree, error)
 }
 
 // TreeNodes returns the nodes of tree ref, oldest first.
-func (c *Client) TreeNodes(ctx context.Context, ref string) ([]TreeNodeInfo, error) {
-	var out []TreeNodeInfo
+func (c *Client) TreeNodes(ctx context.Context, ref string) ([]*TreeNodeInfo, error) {
+	var out []*TreeNodeInfo
 	return out, c.do(ctx, "GET", treePath(ref, "nodes"), nil, &out)
 }
 

@@ -166,38 +166,38 @@ func (s *Server) watchTree(w http.ResponseWriter, r *http.Request) {
 	gw := s.guardStream(w)
 	defer gw.done()
 	enc := json.NewEncoder(gw)
-	send := func(m treeWatchMessage) bool {
+	send := func(m client.TreeWatchMessage) bool {
 		if enc.Encode(m) != nil {
 			return false
 		}
 		gw.Flush()
 		return true
 	}
-	if !send(treeWatchMessage{Tree: t}) {
+	if !send(client.TreeWatchMessage{Tree: t}) {
 		return
 	}
 	for {
 		select {
 		case e, ok := <-ch:
 			if !ok {
-				send(treeWatchMessage{Error: client.Errorf(http.StatusServiceUnavailable, client.CodeFailed,
+				send(client.TreeWatchMessage{Error: client.Errorf(http.StatusServiceUnavailable, client.CodeFailed,
 					"watch of tree %s: the client fell more than 256 events behind and was dropped: watch again", t.ID)})
 				return
 			}
 			if e.Tree != t.ID {
 				continue
 			}
-			if !send(treeWatchMessage{Event: &e}) {
+			if !send(client.TreeWatchMessage{Event: &e}) {
 				return
 			}
 			if e.Kind == "prune" && e.Node == t.Root {
-				send(treeWatchMessage{End: "removed"})
+				send(client.TreeWatchMessage{End: "removed"})
 				return
 			}
 		case <-r.Context().Done():
 			return
 		case <-s.streams:
-			send(treeWatchMessage{End: "shutdown"})
+			send(client.TreeWatchMessage{End: "shutdown"})
 			return
 		}
 	}

@@ -46,7 +46,7 @@ func (s *Service) publishTree(e snaptree.Event) client.TreeEvent {
 // by a client hanging up; what it made stays in the tree, and watchers see it). Its
 // events (evictions it caused included) are published and, if res is not nil, added to
 // res.Events: f gets a manager of its own, so they are this operation's only.
-func (s *Service) mutate(ctx context.Context, res *TreeResult, f func(ctx context.Context, m *snaptree.Manager) error) error {
+func (s *Service) mutate(ctx context.Context, res *client.TreeResult, f func(ctx context.Context, m *snaptree.Manager) error) error {
 	m := &snaptree.Manager{RT: s.Trees().RT, OnEvent: func(e snaptree.Event) {
 		te := s.publishTree(e)
 		if res != nil {
@@ -56,22 +56,6 @@ func (s *Service) mutate(ctx context.Context, res *TreeResult, f func(ctx contex
 	s.trees.mu.RLock()
 	defer s.trees.mu.RUnlock()
 	return f(context.WithoutCancel(ctx), m)
-}
-
-// TreeResult is the answer to a tree operation (client.TreeResult with lib/snaptree's
-// documents).
-type TreeResult struct {
-	Tree        *snaptree.Tree   `json:"tree,omitempty"`
-	Node        *snaptree.Node   `json:"node,omitempty"`
-	Nodes       []*snaptree.Node `json:"nodes,omitempty"`
-	Pruned      []string         `json:"pruned,omitempty"`
-	TreeRemoved bool             `json:"tree_removed,omitempty"`
-	TmpfsFreed  int64            `json:"tmpfs_freed,omitempty"`
-	DiskFreed   int64            `json:"disk_freed,omitempty"`
-	Suspended   []string         `json:"suspended,omitempty"`
-	Dir         string           `json:"dir,omitempty"`
-	// Events are the operation's mutations, as watchers get them (evictions included).
-	Events []client.TreeEvent `json:"events,omitempty"`
 }
 
 // treeBudget is base with the fields r gives, checked.
@@ -210,8 +194,8 @@ func (s *Service) TreeNode(ctx context.Context, ref, node string) (*snaptree.Nod
 }
 
 // DropTree forgets tree ref: live nodes are suspended, the state stays on disk.
-func (s *Service) DropTree(ctx context.Context, ref string) (*TreeResult, error) {
-	res := &TreeResult{}
+func (s *Service) DropTree(ctx context.Context, ref string) (*client.TreeResult, error) {
+	res := &client.TreeResult{}
 	err := s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		d, t, err := m.Drop(ctx, ref)
 		res.Tree = t
@@ -224,8 +208,8 @@ func (s *Service) DropTree(ctx context.Context, ref string) (*TreeResult, error)
 }
 
 // EvictTree runs the budget's eviction now.
-func (s *Service) EvictTree(ctx context.Context, ref string) (*TreeResult, error) {
-	res := &TreeResult{}
+func (s *Service) EvictTree(ctx context.Context, ref string) (*client.TreeResult, error) {
+	res := &client.TreeResult{}
 	err := s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		ids, t, err := m.Evict(ctx, ref)
 		res.Tree, res.Suspended = t, ids
@@ -235,7 +219,7 @@ func (s *Service) EvictTree(ctx context.Context, ref string) (*TreeResult, error
 }
 
 // SetTreeBudget changes the budget fields b gives, then evicts what the new budget asks.
-func (s *Service) SetTreeBudget(ctx context.Context, ref string, b client.TreeBudgetRequest) (*TreeResult, error) {
+func (s *Service) SetTreeBudget(ctx context.Context, ref string, b client.TreeBudgetRequest) (*client.TreeResult, error) {
 	t, err := s.GetTree(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -244,7 +228,7 @@ func (s *Service) SetTreeBudget(ctx context.Context, ref string, b client.TreeBu
 	if err != nil {
 		return nil, err
 	}
-	res := &TreeResult{}
+	res := &client.TreeResult{}
 	err = s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		res.Tree, err = m.SetBudget(ctx, t.ID, nb)
 		return err
@@ -253,7 +237,7 @@ func (s *Service) SetTreeBudget(ctx context.Context, ref string, b client.TreeBu
 }
 
 // ForkNode forks node of tree ref: req.N branches sharing one dump.
-func (s *Service) ForkNode(ctx context.Context, ref, node string, req client.TreeForkRequest) (*TreeResult, error) {
+func (s *Service) ForkNode(ctx context.Context, ref, node string, req client.TreeForkRequest) (*client.TreeResult, error) {
 	n := max(req.N, len(req.Names), len(req.Labels))
 	switch {
 	case req.N < 0:
@@ -274,7 +258,7 @@ func (s *Service) ForkNode(ctx context.Context, ref, node string, req client.Tre
 	if err := checkLabels(req.Labels...); err != nil {
 		return nil, err
 	}
-	res := &TreeResult{}
+	res := &client.TreeResult{}
 	err := s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		nodes, t, err := m.Fork(ctx, ref, node, snaptree.ForkOptions{N: n, Names: req.Names, Labels: req.Labels})
 		res.Tree, res.Nodes = t, nodes
@@ -284,14 +268,14 @@ func (s *Service) ForkNode(ctx context.Context, ref, node string, req client.Tre
 }
 
 // PrepareNode writes node's keyframe now (idempotent); refresh writes a new generation.
-func (s *Service) PrepareNode(ctx context.Context, ref, node string, req client.TreePrepareRequest) (*TreeResult, error) {
+func (s *Service) PrepareNode(ctx context.Context, ref, node string, req client.TreePrepareRequest) (*client.TreeResult, error) {
 	return s.nodeOp(ctx, func(ctx context.Context, m *snaptree.Manager) (*snaptree.Node, *snaptree.Tree, error) {
 		return m.Prepare(ctx, ref, node, req.Refresh)
 	})
 }
 
 // RollbackNode starts a new branch from node's keyframe; the answer's node is the branch.
-func (s *Service) RollbackNode(ctx context.Context, ref, node string, req client.TreeRollbackRequest) (*TreeResult, error) {
+func (s *Service) RollbackNode(ctx context.Context, ref, node string, req client.TreeRollbackRequest) (*client.TreeResult, error) {
 	if err := checkLabels(req.Label); err != nil {
 		return nil, err
 	}
@@ -309,28 +293,28 @@ func (s *Service) RollbackNode(ctx context.Context, ref, node string, req client
 }
 
 // SuspendNode writes node's state to disk and frees its RAM (idempotent).
-func (s *Service) SuspendNode(ctx context.Context, ref, node string) (*TreeResult, error) {
+func (s *Service) SuspendNode(ctx context.Context, ref, node string) (*client.TreeResult, error) {
 	return s.nodeOp(ctx, func(ctx context.Context, m *snaptree.Manager) (*snaptree.Node, *snaptree.Tree, error) {
 		return m.Suspend(ctx, ref, node)
 	})
 }
 
 // ResumeNode restores a suspended node in place (idempotent).
-func (s *Service) ResumeNode(ctx context.Context, ref, node string) (*TreeResult, error) {
+func (s *Service) ResumeNode(ctx context.Context, ref, node string) (*client.TreeResult, error) {
 	return s.nodeOp(ctx, func(ctx context.Context, m *snaptree.Manager) (*snaptree.Node, *snaptree.Tree, error) {
 		return m.Resume(ctx, ref, node)
 	})
 }
 
 // ProtectNode sets or clears node's protection from eviction.
-func (s *Service) ProtectNode(ctx context.Context, ref, node string, on bool) (*TreeResult, error) {
+func (s *Service) ProtectNode(ctx context.Context, ref, node string, on bool) (*client.TreeResult, error) {
 	return s.nodeOp(ctx, func(ctx context.Context, m *snaptree.Manager) (*snaptree.Node, *snaptree.Tree, error) {
 		return m.Protect(ctx, ref, node, on)
 	})
 }
 
-func (s *Service) nodeOp(ctx context.Context, op func(context.Context, *snaptree.Manager) (*snaptree.Node, *snaptree.Tree, error)) (*TreeResult, error) {
-	res := &TreeResult{}
+func (s *Service) nodeOp(ctx context.Context, op func(context.Context, *snaptree.Manager) (*snaptree.Node, *snaptree.Tree, error)) (*client.TreeResult, error) {
+	res := &client.TreeResult{}
 	err := s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		n, t, err := op(ctx, m)
 		res.Node, res.Tree = n, t
@@ -340,8 +324,8 @@ func (s *Service) nodeOp(ctx context.Context, op func(context.Context, *snaptree
 }
 
 // PruneNode deletes node and its whole subtree; the root takes the tree with it.
-func (s *Service) PruneNode(ctx context.Context, ref, node string) (*TreeResult, error) {
-	res := &TreeResult{}
+func (s *Service) PruneNode(ctx context.Context, ref, node string) (*client.TreeResult, error) {
+	res := &client.TreeResult{}
 	err := s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		p, t, err := m.Prune(ctx, ref, node)
 		if p != nil {
@@ -369,12 +353,4 @@ func (s *Service) WatchTree(ctx context.Context, ref string) (*snaptree.Tree, <-
 		return nil, nil, nil, err
 	}
 	return t, ch, cancel, nil
-}
-
-// treeWatchMessage is one line of a watch (client.TreeWatchMessage).
-type treeWatchMessage struct {
-	Tree  *snaptree.Tree    `json:"tree,omitempty"`
-	Event *client.TreeEvent `json:"event,omitempty"`
-	Error *client.Error     `json:"error,omitempty"`
-	End   string            `json:"end,omitempty"`
 }
