@@ -99,4 +99,8 @@ for i in itertools.count():
 	}
 	_, err = d.cl.ClusterFork(bg, "nope", client.ClusterForkRequest{})
 	wantCode(t, err, client.CodeNotFound)
+	_, err = d.cl.Create(bg, client.CreateRequest{Image: image, Net: "wifi", Command: []string{"true"}})
+	wantCode(t, err, client.CodeBadRequest)
+	_, err = d.cl.Create(bg, client.CreateRequest{Image: image, NAT: true, Command: []string{"true"}})
+	wantCode(t, err, client.CodeBadRequest)
 }

@@ -118,6 +118,11 @@ func (s *Service) createOptions(ctx context.Context, req client.CreateRequest, p
 	if err := checkEnv(req.Env); err != nil {
 		return runtime.CreateOptions{}, err
 	}
+	if mode, err := runtime.NetMode(req.Net); err != nil {
+		return runtime.CreateOptions{}, badRequest("%v", err)
+	} else if req.NAT && mode != runtime.NetBridge {
+		return runtime.CreateOptions{}, badRequest("nat needs net bridge (a %s container has no address to masquerade)", mode)
+	}
 	if _, err := s.RT.Images.Get(ctx, req.Image, image.GetOptions{Progress: progress}); err != nil {
 		if errors.Is(err, image.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return runtime.CreateOptions{}, client.Errorf(http.StatusNotFound, client.CodeImageNotFound, "%v", err)
