@@ -90,8 +90,7 @@ func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code)
 
 // open applies the globals and opens the runtime.
 func (g *Globals) open() (*runtime.Runtime, error) {
-	os.Setenv("LAZYFORK_ROOT", g.Root)
-	os.Setenv("LAZYFORK_RUN", g.Run)
+	paths.Set(g.Root, g.Run) // explicit: nothing this process starts inherits them by accident
 	if os.Geteuid() != 0 {
 		return nil, errors.New("lazyfork must run as root (namespaces, mounts, cgroups, CRIU): try sudo")
 	}
