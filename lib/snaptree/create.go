@@ -122,7 +122,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, adopt string) (_ 
 	} else if c, err = op.trt.Create(ctx, o.Container); err != nil {
 		return nil, err
 	}
-	k, err := fork.Prepare(ctx, op.trt, c, fork.PrepareOptions{})
+	k, err := fork.Prepare(ctx, op.trt, c, fork.PrepareOptions{KSM: t.KSM})
 	if err != nil {
 		return nil, fmt.Errorf("tree root keyframe: %w", err)
 	}

@@ -76,7 +76,7 @@ func (o *op) fork(ref string, fo ForkOptions) ([]*Node, error) {
 			n.Generation++
 		}
 	case !n.HasKeyframe:
-		k, err := fork.Prepare(o.ctx, o.trt, c, fork.PrepareOptions{})
+		k, err := fork.Prepare(o.ctx, o.trt, c, fork.PrepareOptions{KSM: o.t.KSM})
 		if err != nil {
 			return nil, err
 		}
@@ -87,7 +87,7 @@ func (o *op) fork(ref string, fo ForkOptions) ([]*Node, error) {
 		}
 	default:
 		var s *stage.Snapshot
-		forks, s, err = fork.Fork(o.ctx, o.trt, c, fork.Options{RestoreOptions: ro})
+		forks, s, err = fork.Fork(o.ctx, o.trt, c, fork.Options{RestoreOptions: ro, KSM: o.t.KSM})
 		if err != nil {
 			return nil, err
 		}
@@ -176,7 +176,7 @@ func (m *Manager) Prepare(ctx context.Context, treeRef, node string, refresh boo
 			return fmt.Errorf("prepare %s: it is %s; resume it first", n.ID, n.State)
 		}
 		old := n.Keyframe
-		k, err := fork.Prepare(ctx, o.trt, c, fork.PrepareOptions{})
+		k, err := fork.Prepare(ctx, o.trt, c, fork.PrepareOptions{KSM: o.t.KSM})
 		if err != nil {
 			return err
 		}

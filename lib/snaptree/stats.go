@@ -8,6 +8,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/budget"
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/ksm"
 	"github.com/lazyfork/lazyfork/lib/memfile"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/procfs"
@@ -40,6 +41,9 @@ func refresh(t *Tree, rt *runtime.Runtime) {
 		if cg, err := runtime.Cgroup(c); err == nil {
 			if st, err := cg.Stats(); err == nil {
 				n.RAMBytes = int64(st.MemoryBytes)
+			}
+			if t.KSM {
+				n.KSMMergingPages, _ = ksm.CgroupMergingPages(cg.Paths)
 			}
 			if ticks, ok := cpuTicks(cg); ok && ticks != n.CPUTicks {
 				// CPU time used since the last look: the node did something.

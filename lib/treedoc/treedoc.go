@@ -136,6 +136,8 @@ type Node struct {
 	From     string   `json:"from,omitempty"`
 	Packed   []Packed `json:"packed,omitempty"`
 	CPUTicks uint64   `json:"cpu_ticks"`
+	// KSMMergingPages are the node's pages ksmd merged (a live node of a ksm tree).
+	KSMMergingPages int64 `json:"ksm_merging_pages,omitempty"`
 }
 
 // Tree is tree.json.

@@ -1,0 +1,109 @@
+package snaptree_test
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/ksm"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/snaptree"
+	"github.com/lazyfork/lazyfork/lib/testutil"
+)
+
+// mergeable counts the VMAs of node id's processes whose VmFlags carry mg.
+func mergeable(t *testing.T, rt *runtime.Runtime, id string) int {
+	t.Helper()
+	cg, err := cgroup.LoadOwned(cgroup.Paths(mustGet(t, rt, id).Cgroup))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids, _ := cg.Procs()
+	n := 0
+	for _, pid := range pids {
+		b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps"))
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "VmFlags:") && strings.Contains(l+" ", " mg ") {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// A ksm tree: its root's keyframe and its forks map their memory mergeable, and with
+// ksmd running the pages two forks wrote alike are merged and reported per node.
+func TestKSMTree(t *testing.T) {
+	if err := ksm.Available(); err != nil {
+		t.Fatal(err)
+	}
+	rt := testutil.NewRuntime(t)
+	m := &snaptree.Manager{RT: rt}
+	tr, err := m.Create(ctx, snaptree.CreateOptions{KSM: true,
+		Container: runtime.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", prog}}})
+	if err != nil {
+		t.Fatalf("create a ksm tree: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := os.Stat(tr.Dir()); err == nil {
+			if _, _, err := m.Prune(ctx, tr.ID, tr.Root); err != nil {
+				t.Errorf("cleanup prune: %v", err)
+			}
+		}
+	})
+	c := mustGet(t, rt, tr.Root)
+	testutil.Eventually(t, 20*time.Second, "root program ready", func() bool {
+		res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: 10 * time.Second})
+		return err == nil && res.ExitCode == 0
+	})
+	if !tr.KSM || mergeable(t, rt, tr.Root) == 0 {
+		t.Fatalf("ksm tree %v: the root maps nothing mergeable after its keyframe", tr.KSM)
+	}
+	forks, _, err := m.Fork(ctx, tr.ID, tr.Root, snaptree.ForkOptions{N: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range forks {
+		if mergeable(t, rt, f.ID) == 0 {
+			t.Fatalf("fork %s maps nothing mergeable", f.ID)
+		}
+		dirty(t, rt, f.ID) // the same bytes in both: 2048 pages to merge
+	}
+	setKSM(t, "pages_to_scan", "1000")
+	setKSM(t, "run", "1")
+	var got map[string]int64
+	testutil.Eventually(t, 90*time.Second, "merged pages reported for both forks", func() bool {
+		tr, err := m.Get(ctx, tr.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = map[string]int64{}
+		for _, f := range forks {
+			got[f.ID] = tr.Nodes[f.ID].KSMMergingPages
+		}
+		return got[forks[0].ID] > 0 && got[forks[1].ID] > 0
+	})
+	t.Logf("merged pages per fork: %v", got)
+}
+
+// setKSM writes v to a ksmd knob and puts the old value back when the test ends.
+func setKSM(t *testing.T, knob, v string) {
+	t.Helper()
+	p := filepath.Join(ksm.SysDir, knob)
+	old, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("ksm knob %s: %v", knob, err)
+	}
+	t.Cleanup(func() {
+		if err := os.WriteFile(p, old, 0o644); err != nil {
+			t.Errorf("restore %s: %v", p, err)
+		}
+	})
+	if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
+		t.Fatalf("set %s to %s: %v", p, v, err)
+	}
+}
