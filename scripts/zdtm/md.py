@@ -89,6 +89,11 @@ def main():
     p("container); skip (not selected, see scripts/zdtm/choose.py).")
     p("")
 
+    causes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "causes.md")
+    if os.path.exists(causes):
+        out.extend(open(causes).read().rstrip("\n").split("\n"))
+        p("")
+
     p("## Failures by cause")
     p("")
     groups = collections.OrderedDict()
