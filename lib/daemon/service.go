@@ -488,9 +488,7 @@ func (s *Service) Status(ctx context.Context) (*client.Status, error) {
 		return nil, err
 	}
 	st := &client.Status{Containers: len(rows), Root: paths.Root(), Run: paths.Run(), Daemon: s.Daemon}
-	for _, ch := range doctor.Run(ctx, paths.Run()) {
-		st.Host = append(st.Host, client.Check{Name: ch.Name, OK: ch.OK, Detail: ch.Detail, Fix: ch.Fix, Advisory: ch.Advisory})
-	}
+	st.Host = doctor.Run(ctx, paths.Run())
 	for _, r := range rows {
 		st.Memory += r.MemoryBytes
 		switch r.State {

@@ -12,20 +12,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/ksm"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 )
 
-// Check is one requirement's verdict.
-type Check struct {
-	Name   string `json:"name"`
-	OK     bool   `json:"ok"`
-	Detail string `json:"detail"`
-	Fix    string `json:"fix,omitempty"`
-	// Advisory checks inform and never fail doctor (OK stays true).
-	Advisory bool `json:"advisory,omitempty"`
-}
+// Check is one requirement's verdict, as `lazyfork doctor --json` and the daemon's status
+// give it (the API's type). Advisory checks inform and never fail doctor.
+type Check = client.Check
 
 // Run performs every check. runDir is the tmpfs state directory.
 func Run(ctx context.Context, runDir string) []Check {
