@@ -76,7 +76,8 @@ type Snapshot struct {
 	Memory    int64            `json:"memory,omitempty"`
 	PidsLimit int64            `json:"pids_limit,omitempty"`
 	// Net is the source's network mode; each fork of a "none" source gets a network
-	// namespace of its own (CRIU restores it from the image).
+	// namespace of its own: a fresh one with loopback up for a confined source (which
+	// cannot have changed its own), CRIU's restore of the dumped one for a privileged one.
 	Net string `json:"net,omitempty"`
 	// Bridge mode: the source's bridge, address and --nat. Each fork gets an address of
 	// the same subnet on the same bridge, in a namespace prepared before CRIU restores
