@@ -67,7 +67,7 @@ func (d treesViaDaemon) Create(ctx context.Context, o snaptree.CreateOptions) (*
 	req := createRequest(o)
 	c := o.Container
 	req.Root = &client.CreateRequest{Image: c.Image, Name: c.Name, Command: c.Command, Env: c.Env, Hook: c.Hook,
-		User: c.User, Memory: c.Memory, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net, NAT: c.NAT}
+		User: c.User, Memory: c.Memory, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net, NAT: c.NAT, Join: c.Join}
 	return d.cl.CreateTree(ctx, req)
 }
 
