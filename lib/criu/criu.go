@@ -177,11 +177,18 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	// reports an error, criu gets ErrorGrace to exit before it is killed, not the deadline.
 	ctx, stalled := watchErrors(ctx, logPath, ErrorGrace)
 	var res result
-	if o.Service != nil && ownMountNS && o.NetNS == "" {
+	useService := o.Service != nil && ownMountNS && o.NetNS == ""
+	if useService {
+		if err := o.Service.adopt(o.Root); err != nil {
+			useService = false // a criu of its own sees our mounts
+		}
+	}
+	if useService {
 		// A service restores detached under its worker (it refuses rst_sibling); the
 		// worker's exit hands the root to us, the subreaper.
 		opts.RstSibling = nil
 		res, err = o.Service.call(ctx, req, o.JoinCgroup, o.Notify)
+		o.Service.forget(o.Root)
 	} else {
 		res, err = swrk(ctx, req, kdat, o.JoinCgroup, o.Notify, o.Hold, o.NetNS)
 	}

@@ -43,7 +43,14 @@ func MaybeKdatHelper() {
 			}
 		}
 	}
-	if dir != "" {
+	if dir == slaveNSArg {
+		// A criu service of its own mount namespace (see Service): mounts made after it
+		// started still reach it; what it unmounts stays mounted for everyone else.
+		if err := enterSlaveNS(); err != nil {
+			fmt.Fprintf(os.Stderr, "lazyfork: criu service namespace: %v\n", err)
+			os.Exit(127)
+		}
+	} else if dir != "" {
 		if err := enterKdatNS(dir); err != nil {
 			// Only an optimisation: criu still works, it just probes the kernel again.
 			fmt.Fprintf(os.Stderr, "lazyfork: criu probe cache unavailable: %v\n", err)
@@ -78,6 +85,22 @@ func start(cmd *exec.Cmd, kdatDir string, joinProcs []string) (bool, error) {
 	cmd.Args = append([]string{self, KdatHelperArg, dir, strings.Join(joinProcs, ":"), cmd.Path}, cmd.Args[1:]...)
 	cmd.Path = self
 	return dir != "", cmd.Start()
+}
+
+// slaveNSArg, in place of the cache directory, asks the helper for a mount namespace of
+// criu's own that is a slave of the caller's (enterSlaveNS).
+const slaveNSArg = "+slave-ns"
+
+// enterSlaveNS moves the calling (locked) thread into a new mount namespace whose mounts
+// are slaves of the host's.
+func enterSlaveNS() error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare mount namespace: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("make mounts slaves: %w", err)
+	}
+	return nil
 }
 
 // enterKdatNS moves the calling (locked) thread into a new mount namespace whose mounts are

@@ -116,7 +116,7 @@ func TestRepeatedForksSeeTheirInstant(t *testing.T) {
 		if k > 1 && snap.Dump.PagesWritten > 2048 {
 			t.Errorf("fork at step %d dumped %d pages: the source's whole heap again, not what it changed", k, snap.Dump.PagesWritten)
 		}
-		t.Logf("step %d: dump %d pages (%.0f ms, frozen %.0f ms)", k, snap.Dump.PagesWritten, snap.Dump.WallMs, snap.Dump.FrozenMs)
+		t.Logf("step %d: dump %d pages (%.0f ms, frozen %.0f ms, of which the upper layer %.0f ms)", k, snap.Dump.PagesWritten, snap.Dump.WallMs, snap.Dump.FrozenMs, snap.Dump.LayerMs)
 		if got := ask(t, rt, f, "c"+strconv.Itoa(k), "check"); got != want[k] {
 			t.Errorf("fork at step %d: memory digest %s, want the source's %s", k, got, want[k])
 		}
