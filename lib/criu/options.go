@@ -112,12 +112,17 @@ type DumpOptions struct {
 	// TCPEstablished dumps established TCP connections (TCP repair). Only for a tree in a
 	// network namespace of its own, where both ends of every connection are in the tree.
 	TCPEstablished bool
-	GhostLimit     uint32 // largest deleted-but-open file to carry in the image; 0: DefaultGhostLimit
-	LogFile        string // name in WorkDir; "" means "dump.log"
-	LogLevel       int    // 0 means DefaultLogLevel
-	Timeout        time.Duration
-	KdatDir        string // tmpfs directory for criu's kernel probe cache; "" disables it
-	Notify         NotifyFunc
+	// EmptyNetNS dumps the tree's network namespace without its contents (links,
+	// addresses, routes, rules, firewall): criu runs ip and iptables-save for those while
+	// the tree is frozen. Only for trees every restore gives a fresh namespace
+	// (RestoreOptions.EmptyNetNS); sockets are dumped as ever.
+	EmptyNetNS bool
+	GhostLimit uint32 // largest deleted-but-open file to carry in the image; 0: DefaultGhostLimit
+	LogFile    string // name in WorkDir; "" means "dump.log"
+	LogLevel   int    // 0 means DefaultLogLevel
+	Timeout    time.Duration
+	KdatDir    string // tmpfs directory for criu's kernel probe cache; "" disables it
+	Notify     NotifyFunc
 	// Hold is kept open by criu until it exits (the caller's state lock): a criu that
 	// outlives a killed caller still holds it, so GC waits for it (swrk only).
 	Hold *os.File
@@ -203,6 +208,9 @@ func (o *DumpOptions) criuOpts(imagesFd, workFd int) (*rpc.CriuOpts, error) {
 		NetworkLock:       nl,
 		NotifyScripts:     proto.Bool(o.Notify != nil),
 		External:          externals(o.ExternalMounts, func(path, key string) string { return "mnt[" + path + "]:" + key }),
+	}
+	if o.EmptyNetNS {
+		opts.EmptyNs = proto.Uint32(unix.CLONE_NEWNET)
 	}
 	if o.FreezeCgroup != "" {
 		opts.FreezeCgroup = proto.String(o.FreezeCgroup)

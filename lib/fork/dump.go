@@ -186,7 +186,11 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	}()
 	var layerTime time.Duration
 	res, err := criu.Dump(ctx, criu.DumpOptions{
-		NetNS:          o.NetNS,
+		NetNS: o.NetNS,
+		// Every restore of a confined --net none snapshot makes a fresh namespace with
+		// loopback up (startIn's freshNone): what CRIU would dump of the namespace is never
+		// used, and dumping it (ip, iptables-save, nft) was half of a later fork's pause.
+		EmptyNetNS:     c.Net == runtime.NetNone && o.NetNS == "" && c.Cluster == "" && c.Confine != nil && !c.Confine.Privileged,
 		Pid:            c.Pid,
 		ImagesDir:      s.ImagesDir,
 		LeaveRunning:   !o.Exit,
