@@ -239,11 +239,14 @@ func TestConfinedContainerAndForks(t *testing.T) {
 	// The sibling goes on: counting, heap intact, sqlite rows growing, thread and
 	// subprocess fine in every tick (each line: i heap_ok subprocess_rc rows).
 	execOut(t, rt, b, "rm", "/tmp/pause")
-	n := len(logLines(b))
+	lines := func() []string {
+		raw, _ := os.ReadFile(runtime.LogPath(b))
+		return strings.Split(strings.TrimSpace(string(raw)), "\n")
+	}
+	n := len(lines()) // lines, not logLines' words: 20 more ticks, not 4 times as many
 	// Each tick checksums a 32 MiB heap: seconds apiece under emulation (make test-v2).
 	for deadline := time.Now().Add(timescale.Scale(60 * time.Second)); ; time.Sleep(50 * time.Millisecond) {
-		raw, _ := os.ReadFile(runtime.LogPath(b))
-		l := strings.Split(strings.TrimSpace(string(raw)), "\n")
+		l := lines()
 		if len(l) > n+20 && !strings.HasSuffix(l[len(l)-10], "paused") {
 			break
 		}
@@ -252,9 +255,8 @@ func TestConfinedContainerAndForks(t *testing.T) {
 				b.ID, len(l), n, runtime.Alive(b), l[max(0, len(l)-5):])
 		}
 	}
-	raw, _ := os.ReadFile(runtime.LogPath(b))
-	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
-	for _, l := range lines[len(lines)-10:] {
+	last := lines()
+	for _, l := range last[len(last)-10:] {
 		f := strings.Fields(l)
 		if len(f) != 4 || f[1] != "True" || f[2] != "0" {
 			t.Errorf("sibling %s line %q: want heap intact and subprocess exit 0", b.ID, l)

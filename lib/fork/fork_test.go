@@ -28,6 +28,7 @@ func TestMain(m *testing.M) {
 	// CRIU's deadlines bound hangs; under emulation (make test-v2) a 256 MB restore alone
 	// can take a minute.
 	fork.DumpTimeout, fork.RestoreTimeout = timescale.Scale(fork.DumpTimeout), timescale.Scale(fork.RestoreTimeout)
+	fork.SwapRestoreTimeout = timescale.Scale(fork.SwapRestoreTimeout)
 	os.Exit(m.Run())
 }
 
