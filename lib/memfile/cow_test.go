@@ -17,6 +17,8 @@ import (
 
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
+
+	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 )
 
 // A child's anonymous VMA whose pages mostly equal its parent's maps the parent's memory
@@ -197,7 +199,7 @@ func TestPreforkSharesOnce(t *testing.T) {
 	master := childOf(t, cmd.Process.Pid)
 	l.track(master)
 	var kids []int
-	for deadline := time.Now().Add(20 * time.Second); len(kids) < workers && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(timescale.Scale(20 * time.Second)); len(kids) < workers && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond)
 		kids = children(master)
 	}

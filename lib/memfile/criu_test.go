@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 )
 
 // requirePriv skips a test that needs root and CRIU, or fails it where CI demands it.
@@ -161,7 +163,7 @@ func (l *lab) waitStatus(pid int) status {
 	t := l.t
 	t.Helper()
 	path := filepath.Join(l.status, fmt.Sprintf("status-%d", pid))
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(timescale.Scale(20 * time.Second))
 	for time.Now().Before(deadline) {
 		b, err := os.ReadFile(path)
 		if err == nil {
