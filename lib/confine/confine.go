@@ -31,8 +31,11 @@ type Profile struct {
 	// Privileged keeps every capability and loads no seccomp filter (the --privileged
 	// opt-out); Caps, NoNewPrivs and Seccomp are then ignored. UID/GID still apply.
 	Privileged bool `json:"privileged,omitempty"`
-	// Caps are the capability names ("CAP_CHOWN", ...) kept in the bounding, effective,
-	// permitted and inheritable sets. The ambient set is always cleared.
+	// Caps are the capability names ("CAP_CHOWN", ...) kept in the bounding, effective
+	// and permitted sets. The inheritable and ambient sets are always empty, as in runc
+	// and Docker since CVE-2022-24769 (and CRIU can then restore the sets: it drops
+	// CAP_SETPCAP from the bounding set before it sets them, and the kernel refuses an
+	// inheritable set it no longer bounds).
 	Caps       []string `json:"caps,omitempty"`
 	NoNewPrivs bool     `json:"no_new_privs,omitempty"`
 	Seccomp    string   `json:"seccomp,omitempty"`
@@ -181,7 +184,7 @@ func (p Profile) setCaps() error {
 		return err
 	}
 	c.Clear(capability.CAPS | capability.AMBIENT)
-	c.Set(capability.EFFECTIVE|capability.PERMITTED|capability.INHERITABLE, caps...)
+	c.Set(capability.EFFECTIVE|capability.PERMITTED, caps...)
 	if err := c.Apply(capability.CAPS | capability.AMBS); err != nil {
 		return fmt.Errorf("confine: set capabilities: %w", err)
 	}

@@ -111,7 +111,7 @@ func TestApplyDefault(t *testing.T) {
 	testutil.RequireRoot(t)
 	st := status(t, confine.Default())
 	for k, want := range map[string]string{
-		"CapEff": dockerCapMask, "CapPrm": dockerCapMask, "CapInh": dockerCapMask, "CapBnd": dockerCapMask,
+		"CapEff": dockerCapMask, "CapPrm": dockerCapMask, "CapInh": "0000000000000000", "CapBnd": dockerCapMask,
 		"CapAmb": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2", "Uid": "0\t0\t0\t0",
 	} {
 		if st[k] != want {
