@@ -25,9 +25,11 @@ import (
 	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/daemon"
+	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/testutil"
+	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
@@ -50,6 +52,10 @@ func TestMain(m *testing.M) {
 	criu.MaybeKdatHelper()
 	runtime.MaybeInit()
 	runtime.MaybeCgexec()
+	// The daemon runs in this process: CRIU's deadlines scale under emulation (make
+	// test-v2), as in lib/fork's tests.
+	fork.DumpTimeout, fork.RestoreTimeout = timescale.Scale(fork.DumpTimeout), timescale.Scale(fork.RestoreTimeout)
+	fork.SwapRestoreTimeout = timescale.Scale(fork.SwapRestoreTimeout)
 	os.Exit(m.Run())
 }
 
