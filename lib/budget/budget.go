@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Budget bounds one tree. Every field must be positive except MaxChainDepth (0: only
@@ -795,4 +796,117 @@ func mulSat(n int, each int64) int64 {
 		return MaxBytes + 1 // over any budget, still far from overflow
 	}
 	return int64(n) * each
+}
+
+// ChangeError refuses a budget change the tree cannot be brought within by eviction:
+// what stays charged after suspending every node eviction may take is over the new bound.
+// Protected and Stuck name the live nodes that stop it (for max_disk_bytes: none; only
+// prune frees disk).
+type ChangeError struct {
+	Budget string `json:"budget"` // max_live, max_ram_bytes or max_disk_bytes
+	Have   int64  `json:"have"`   // what stays charged after every suspension eviction may make
+	Limit  int64  `json:"limit"`  // the new bound
+	// Protected are the live protected nodes; Stuck the live unprotected ones eviction may
+	// not take (no keyframe within the new max_chain_depth, or a delta the disk budget
+	// has no room for).
+	Protected []string `json:"protected,omitempty"`
+	Stuck     []string `json:"stuck,omitempty"`
+}
+
+func (e *ChangeError) Is(target error) bool { return target == ErrOverBudget }
+
+func (e *ChangeError) Error() string {
+	var who []string
+	if len(e.Protected) > 0 {
+		who = append(who, "protected "+strings.Join(e.Protected, ", "))
+	}
+	if len(e.Stuck) > 0 {
+		who = append(who, "not evictable (unresumable or no disk for their delta) "+strings.Join(e.Stuck, ", "))
+	}
+	by := ""
+	if len(who) > 0 {
+		by = " (" + strings.Join(who, "; ") + ")"
+	}
+	switch e.Budget {
+	case "max_live":
+		return fmt.Sprintf("budget max_live %d is below the %d nodes that stay live after suspending every node eviction may take%s: unprotect, suspend or prune them, or raise max_live",
+			e.Limit, e.Have, by)
+	case "max_ram_bytes":
+		return fmt.Sprintf("budget max_ram_bytes %s is below the %s that stays charged after suspending every node eviction may take%s: unprotect, suspend or prune them, or raise max_ram_bytes",
+			Bytes(e.Limit), Bytes(e.Have), by)
+	}
+	return fmt.Sprintf("budget max_disk_bytes %s is below the %s the tree holds on disk: prune nodes (eviction writes disk, only prune frees it), or raise max_disk_bytes",
+		Bytes(e.Limit), Bytes(e.Have))
+}
+
+// PlanBudget plans changing the tree's budget to nb: the fewest least-recently-active
+// nodes to suspend (evictable under nb: its chain depth decides what stays resumable, and
+// a node whose delta would overflow nb's disk bound is skipped) after which the tree's
+// live count and RAM are within nb. It refuses with a *ChangeError, naming the nodes that
+// stop it, a budget the tree cannot be brought within, and a disk bound below what the
+// tree already holds. The caller suspends the plan's nodes with nb in force (their deltas
+// fit its disk bound, not necessarily the old one's), then ApplyBudget(nb).
+func (t *Tree) PlanBudget(nb Budget) (Plan, error) {
+	if err := nb.Validate(); err != nil {
+		return Plan{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	c := t.Clone()
+	c.Budget = nb
+	live, ram, disk := c.usage()
+	if disk.gt(nb.MaxDiskBytes) {
+		return Plan{}, &ChangeError{Budget: "max_disk_bytes", Have: disk.int64(), Limit: nb.MaxDiskBytes}
+	}
+	p := Plan{Suspend: []string{}}
+	cand := c.Evictable()
+	var stuck []string
+	for _, id := range cand {
+		if live <= nb.MaxLive && !ram.gt(nb.MaxRAMBytes) {
+			break
+		}
+		n := c.Nodes[id]
+		if disk.add(n.SuspendBytes).gt(nb.MaxDiskBytes) {
+			stuck = append(stuck, id)
+			continue
+		}
+		p.Suspend = append(p.Suspend, id)
+		live, ram, disk = live-1, ram.sub(n.RAMBytes), disk.add(n.SuspendBytes)
+	}
+	if live > nb.MaxLive || ram.gt(nb.MaxRAMBytes) {
+		e := &ChangeError{Budget: "max_live", Have: int64(live), Limit: int64(nb.MaxLive)}
+		if live <= nb.MaxLive {
+			e.Budget, e.Have, e.Limit = "max_ram_bytes", ram.int64(), nb.MaxRAMBytes
+		}
+		for _, id := range c.ids() {
+			n := c.Nodes[id]
+			switch {
+			case n.State != Live:
+			case n.Protected:
+				e.Protected = append(e.Protected, id)
+			case !slices.Contains(cand, id):
+				stuck = append(stuck, id)
+			}
+		}
+		slices.Sort(stuck)
+		e.Stuck = stuck
+		return Plan{}, e
+	}
+	p.After = Usage{Live: live, RAMBytes: ram.int64(), DiskBytes: disk.int64()}
+	return p, nil
+}
+
+// ApplyBudget sets the budget to nb once PlanBudget's suspensions were applied. It
+// refuses (tree unchanged) a budget the tree is not within.
+func (t *Tree) ApplyBudget(nb Budget) error {
+	if err := nb.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if u := t.Usage(); !nb.Within(u) {
+		p, err := t.PlanBudget(nb)
+		if err == nil {
+			err = fmt.Errorf("%w: budget %+v: the tree uses %+v: suspend %v first (PlanBudget)", ErrOverBudget, nb, u, p.Suspend)
+		}
+		return err
+	}
+	t.Budget = nb
+	return nil
 }

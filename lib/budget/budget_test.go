@@ -251,3 +251,47 @@ func FuzzCheck(f *testing.F) {
 		}
 	})
 }
+
+// Lowering max_live below the live count suspends the least recently active unprotected
+// nodes; a bound the protected nodes alone exceed is refused, naming them.
+func TestPlanBudgetLowersLive(t *testing.T) {
+	tr := tree(t, Budget{MaxLive: 10, MaxRAMBytes: 1 << 30, MaxDiskBytes: 1 << 30, MaxChainDepth: 1})
+	must(t, tr.SetProtected("r", true))
+	nb := tr.Budget
+	nb.MaxLive = 2
+	p, err := tr.PlanBudget(nb)
+	must(t, err)
+	if !reflect.DeepEqual(p.Suspend, []string{"a", "b"}) || p.After.Live != 2 {
+		t.Fatalf("plan %+v, want a and b suspended (r is protected), 2 live", p)
+	}
+	old := tr.Budget
+	tr.Budget = nb
+	for _, id := range p.Suspend {
+		must(t, tr.ApplySuspend(id, tr.Nodes[id].SuspendBytes))
+	}
+	tr.Budget = old
+	must(t, tr.ApplyBudget(nb))
+	must(t, tr.SetProtected("c", true))
+	nb.MaxLive = 1
+	_, err = tr.PlanBudget(nb)
+	var ce *ChangeError
+	if !errors.As(err, &ce) || !errors.Is(err, ErrOverBudget) || ce.Budget != "max_live" || !reflect.DeepEqual(ce.Protected, []string{"c", "r"}) {
+		t.Fatalf("max_live 1 with r and c protected: %v (%+v)", err, ce)
+	}
+	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "protected c, r") {
+		t.Fatalf("message %q", msg)
+	}
+	if tr.ApplyBudget(nb) == nil || tr.Budget.MaxLive != 2 {
+		t.Fatalf("ApplyBudget took a budget the tree is over: %+v", tr.Budget)
+	}
+	// RAM: 200 MiB live on two protected nodes cannot fit 150 MiB.
+	nb.MaxLive, nb.MaxRAMBytes = 10, 150*mib
+	if _, err = tr.PlanBudget(nb); !errors.As(err, &ce) || ce.Budget != "max_ram_bytes" || ce.Have != 200*mib {
+		t.Fatalf("max_ram 150 MiB: %v", err)
+	}
+	// Disk: only prune frees it.
+	nb.MaxRAMBytes, nb.MaxDiskBytes = 1<<30, 1
+	if _, err = tr.PlanBudget(nb); !errors.As(err, &ce) || ce.Budget != "max_disk_bytes" {
+		t.Fatalf("max_disk 1: %v", err)
+	}
+}

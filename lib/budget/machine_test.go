@@ -7,6 +7,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 )
 
 // source draws the machine's choices: rapid in the property test, the fuzzer's bytes in
@@ -92,7 +93,7 @@ func (m *machine) step() {
 		m.addOp("")
 		return
 	}
-	switch m.src.intn("op", 0, 11) {
+	switch m.src.intn("op", 0, 12) {
 	case 0, 1, 2:
 		p, _ := m.pick("parent", m.t.ids())
 		m.addOp(p)
@@ -133,6 +134,8 @@ func (m *machine) step() {
 		}
 	case 11:
 		m.pruneOp()
+	case 12:
+		m.budgetOp()
 	}
 }
 
@@ -461,4 +464,82 @@ func (m *machine) checkTree() {
 	if err := m.t.Check(); err != nil {
 		m.fatalf("Check: %v", err)
 	}
+}
+
+// budgetOp changes the budget (lower or higher) the way a caller must: PlanBudget, the
+// suspensions, ApplyBudget; a refusal names nodes that really stop it.
+func (m *machine) budgetOp() {
+	nb := Budget{
+		MaxLive:       m.src.intn("nb_live", 1, 8),
+		MaxRAMBytes:   int64(m.src.intn("nb_ram", 1, 1000)),
+		MaxDiskBytes:  int64(m.src.intn("nb_disk", 1, 2000)),
+		MaxChainDepth: m.src.intn("nb_chain", 0, 3),
+	}
+	what := fmt.Sprintf("PlanBudget(%+v)", nb)
+	p, err := m.plan(what, func(t *Tree) (Plan, error) { return t.PlanBudget(nb) })
+	if err != nil {
+		var ce *ChangeError
+		if !errors.As(err, &ce) || !errors.Is(err, ErrOverBudget) || strings.Contains(err.Error(), "\n") {
+			m.fatalf("%s: %v, want a one-line *ChangeError", what, err)
+		}
+		// The nodes it names stop it: with every other live node suspended, still over.
+		c := m.t.Clone()
+		c.Budget = nb
+		named := append(slices.Clone(ce.Protected), ce.Stuck...)
+		for _, n := range c.Nodes {
+			if n.State == Live && !slices.Contains(named, n.ID) {
+				n.State = Suspended
+			}
+			if slices.Contains(ce.Protected, n.ID) && (!n.Protected || n.State != Live) {
+				m.fatalf("%s: %v names %q protected and live; it is %s, protected %v", what, err, n.ID, n.State, n.Protected)
+			}
+		}
+		u := c.Usage()
+		switch ce.Budget {
+		case "max_live":
+			if u.Live <= nb.MaxLive {
+				m.fatalf("%s: %v, yet suspending every unnamed node leaves %d live", what, err, u.Live)
+			}
+		case "max_ram_bytes":
+			if u.RAMBytes <= nb.MaxRAMBytes {
+				m.fatalf("%s: %v, yet suspending every unnamed node leaves %d RAM", what, err, u.RAMBytes)
+			}
+		case "max_disk_bytes":
+			if u.DiskBytes <= nb.MaxDiskBytes {
+				m.fatalf("%s: %v, yet the tree holds %d disk", what, err, u.DiskBytes)
+			}
+		}
+		before := m.t.Clone()
+		if m.t.ApplyBudget(nb) == nil {
+			m.fatalf("%s refused (%v) but ApplyBudget took it", what, err)
+		}
+		m.unchanged("ApplyBudget of a refused budget", before, errors.New("refused"))
+		return
+	}
+	old := m.t.Budget
+	m.t.Budget = nb
+	m.checkPlanShape(what, p, "")
+	// The suspensions write their deltas under the new budget (PlanBudget fitted them to
+	// its disk bound).
+	for _, id := range p.Suspend {
+		if err := m.t.ApplySuspend(id, m.t.Nodes[id].SuspendBytes); err != nil {
+			m.fatalf("%s: plan %v: ApplySuspend(%q): %v", what, p.Suspend, id, err)
+		}
+	}
+	m.t.Budget = old
+	if err := m.t.ApplyBudget(nb); err != nil {
+		m.fatalf("%s: ApplyBudget after the plan %v: %v", what, p.Suspend, err)
+	}
+	u := m.t.Usage()
+	if u != p.After || !nb.Within(u) {
+		m.fatalf("%s: usage after %+v, plan said %+v, budget %+v", what, u, p.After, nb)
+	}
+	if k := len(p.Suspend); k > 0 {
+		last := m.t.Nodes[p.Suspend[k-1]]
+		var ram wide
+		if ram = ram.add(u.RAMBytes).add(last.RAMBytes); u.Live+1 <= nb.MaxLive && !ram.gt(nb.MaxRAMBytes) {
+			m.fatalf("%s: plan %v suspends %q, which the budget did not need", what, p.Suspend, last.ID)
+		}
+	}
+	m.overBy = false
 }

@@ -233,6 +233,11 @@ func (s *Service) SetTreeBudget(ctx context.Context, ref string, b client.TreeBu
 		res.Tree, err = m.SetBudget(ctx, t.ID, nb)
 		return err
 	})
+	for _, e := range res.Events {
+		if e.Kind == "evict" {
+			res.Suspended = append(res.Suspended, e.Nodes...)
+		}
+	}
 	return res, err
 }
 

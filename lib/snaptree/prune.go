@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/lazyfork/lazyfork/lib/budget"
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
@@ -139,14 +140,28 @@ func (m *Manager) Evict(ctx context.Context, treeRef string) ([]string, *Tree, e
 	return out, t, err
 }
 
-// SetBudget replaces the tree's budget (and the tree cgroup's limits), then evicts what
-// the new budget asks for.
+// SetBudget replaces the tree's budget (and the tree cgroup's limits). A budget the tree
+// is over first has the least-recently-active unprotected live nodes suspended until the
+// tree is within it (lib/budget's PlanBudget; reported as an "evict" event), then eviction
+// runs for the new RAM threshold. One the protected (or unresumable) nodes alone exceed is
+// refused with a *budget.ChangeError naming them, before anything changed.
 func (m *Manager) SetBudget(ctx context.Context, treeRef string, b Budget) (*Tree, error) {
 	if err := b.Validate(); err != nil {
 		return nil, fmt.Errorf("tree budget: %w", err)
 	}
 	return m.with(ctx, treeRef, func(o *op) error {
+		plan, err := budgetTree(o.t).PlanBudget(b.Lib())
+		if err != nil {
+			return fmt.Errorf("tree %s: %w", o.t.ID, err)
+		}
+		// The suspensions write their deltas under the new budget (the plan fitted them
+		// to its disk bound); one that fails leaves the old budget in force.
+		old := o.t.Budget
 		o.t.Budget = b
+		if err := o.execute(plan, "evict"); err != nil {
+			o.t.Budget = old
+			return err
+		}
 		o.event("budget", "")
 		// Evicted first: a lower memory limit than the group's charge would fail.
 		if err := o.autoEvict(); err != nil {
@@ -155,3 +170,6 @@ func (m *Manager) SetBudget(ctx context.Context, treeRef string, b Budget) (*Tre
 		return o.ensureCgroup()
 	})
 }
+
+// ChangeError is lib/budget's refusal of a budget the tree cannot be brought within.
+type ChangeError = budget.ChangeError
