@@ -5,7 +5,7 @@ BIN := $(CURDIR)/bin
 STAGES := lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree lf-inspect
 GO ?= go
 
-.PHONY: all build setup image demo test doctor bench bench-smoke clean vet
+.PHONY: all build setup image demo test doctor bench bench-smoke fork-memory clean vet
 
 all: build
 
@@ -41,6 +41,12 @@ test: setup build image vet
 # The benchmark of issue/spec: CSVs, PNG plots and a Markdown summary in bench/results/.
 bench: setup build image
 	@bash bench/run.sh
+
+# One fork of a 256 MiB agent sampled every 0.5 s for 30 s (bench/fork_memory.py): shared
+# (memory files) vs private pages; bench/results/fork_memory.{csv,png}, the PNG copied to docs/.
+fork-memory: build image
+	@bash bench/run.sh --fork-memory
+	@cp bench/results/fork_memory.png docs/fork-memory.png
 
 # A short run of the same benchmark that only checks it still works (CI runs it in make test).
 bench-smoke: build image

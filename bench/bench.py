@@ -1199,6 +1199,8 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, < 60 s, same code paths (CI)")
     ap.add_argument("--out", help="results directory (default bench/results, or a temp dir with --smoke)")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--fork-memory", action="store_true",
+                    help="only one fork's memory over time (fork_memory.py): fork_memory.{csv,png} in --out")
     a = ap.parse_args()
     out = Path(a.out) if a.out else (Path(f"/tmp/lazyfork-bench-smoke") if a.smoke else HERE / "results")
     if os.geteuid() != 0:
@@ -1210,6 +1212,8 @@ def main():
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # also when started with SIGINT ignored (&)
         signal.signal(sig, on_signal)
     failed = None
+    if a.fork_memory:
+        return fork_memory_main(b, out, a)
     try:
         b.run_all()
     except (Exception, KeyboardInterrupt, Interrupted) as e:  # noqa: BLE001
@@ -1245,6 +1249,33 @@ def main():
     log(f"done in {b.env['duration_s']} s: {out}/summary.md")
     if errs:
         sys.exit(1)
+
+
+def fork_memory_main(b, out, a):
+    import fork_memory
+    failed = None
+    try:
+        samples, facts = fork_memory.run(b, 16 if a.smoke else 256, 4 if a.smoke else 30, 0.5)
+        fork_memory.write(out, samples, facts)
+    except (Exception, KeyboardInterrupt, Interrupted) as e:  # noqa: BLE001
+        failed = e
+        log(f"FAILED: {type(e).__name__}: {e}")
+    finally:
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
+        errs = b.cleanup()
+        for e in errs:
+            log(f"cleanup: {e}")
+    if failed is not None or errs:
+        sys.exit(1)
+    if not a.no_plots:
+        try:
+            fork_memory.plot(out)
+        except ImportError as e:
+            log(f"plot: {e}: install python3-matplotlib (apt-get install python3-matplotlib) and run "
+                f"/usr/bin/python3 bench/bench.py --fork-memory again")
+            sys.exit(1)
+    log(f"fork memory: {out}/fork_memory.csv, {out}/fork_memory.png")
 
 
 if __name__ == "__main__":
