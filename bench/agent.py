@@ -6,6 +6,8 @@
 # The source container (the one that keeps its hostname: forks get new ones before they
 # resume) also wakes every 20 ms and records the longest gap between two wake-ups, in
 # wall-clock time, to /tmp/lf-pause: that is how long a dump or `fork --share` stopped it.
+# Every gap over 10 ms is also appended to /tmp/lf-pauses ("END_UNIX_S GAP_MS" a line), so
+# the benchmark can tell the pause of each fork by its time.
 # Short sleeps keep the figure honest across a restore, where CRIU's time namespace shifts
 # the monotonic clock a sleep runs on; a fork switches to one wake-up a second. The
 # page work is timed on the monotonic clock, which a restore continues where the dump
@@ -40,6 +42,9 @@ while True:
         random.seed()  # its own pages to read, as CPython reseeds random in an os.fork() child
     if source:
         gap = now - last - STEP
+        if gap > 0.01:
+            with open("/tmp/lf-pauses", "a") as f:
+                f.write("%.3f %.1f\n" % (now, gap * 1000))
         if gap > 0.02 and gap > worst:
             worst = gap
             with open("/tmp/lf-pause", "w") as f:

@@ -38,13 +38,17 @@ FULL = dict(
     heaps=[128, 256], ns=[1, 10, 25, 50, 100], plain_ns=[1, 10, 25, 50, 100],
     lazy_ns=[1, 10, 25, 50], share_ns={256: [1, 10, 100], 128: [10, 100]},
     lineage_heap=256, lineage_levels=9, nfp_n=10, e2e_ns=[1, 100], swrk_ns=[1, 10, 100], huge_ns=[10, 100], settle=5.0,
-    target_heap=256, copy_runs=3, confine_n=50, repeat_k=8, first_req_k=10,
+    target_heap=256, copy_runs=3, confine_n=50, repeat_k=8, first_req_k=10, scale_ns=[100, 500, 1000],
 )
 SMOKE = dict(
     heaps=[16], ns=[1, 2], plain_ns=[1, 2], lazy_ns=[1], share_ns={16: [2]},
     lineage_heap=16, lineage_levels=2, nfp_n=1, e2e_ns=[2], swrk_ns=[2], huge_ns=[2], settle=1.0,
-    target_heap=16, copy_runs=1, confine_n=2, repeat_k=2, first_req_k=2,
+    target_heap=16, copy_runs=1, confine_n=2, repeat_k=2, first_req_k=2, scale_ns=[2, 4],
 )
+# Parts of the run, for `run.sh --only a,b` (a partial run never writes bench/results).
+# core: the per-heap rows (lf-restore N forks, plain CRIU, lazy-pages, rewrite rates,
+# huge pages, end to end, lineage); the others run on the target heap only.
+SECTIONS = ("core", "tree", "idle", "confine", "net", "repeat", "scale", "share", "budget")
 
 
 class Interrupted(BaseException):  # not swallowed by "except Exception"
@@ -189,8 +193,10 @@ class Sampler:
 
 
 class Bench:
-    def __init__(self, cfg, out, smoke):
+    def __init__(self, cfg, out, smoke, only=None):
         self.cfg, self.out, self.smoke = cfg, out, smoke
+        self.only = set(only or SECTIONS)  # the parts of the run to do (--only)
+        self.daemon_proc = None  # `lazyfork daemon run` of the repeat rows, on its own socket
         self.pid = os.getpid()
         self.prefix = f"bench-{self.pid}"
         # Under the state root: the stages refuse directories outside it (issue 9's guards).
@@ -206,7 +212,7 @@ class Bench:
         self.tree = []  # tree.csv: snapshot tree operations (lazyfork tree)
         self.notes = []  # free-form findings for the summary
         self.env = {}
-        self.share_flag = False
+        self.share_flag = self.swap_default = False
         self.started = now()
 
     # ---------- running commands ----------
@@ -341,9 +347,11 @@ class Bench:
             criu=self.run([CRIU, "--version"], check=False).stdout.split("\n")[0].replace("Version: ", ""),
             commit=rev + (" (lib/cmd modified)" if dirty else ""),
             loadavg_start=Path("/proc/loadavg").read_text().split()[:3],
-            mode="smoke" if self.smoke else "full",
+            mode=("smoke" if self.smoke else "full") + ("" if self.only == set(SECTIONS) else
+                                                         " (only " + ",".join(s for s in SECTIONS if s in self.only) + ")"),
         )
-        self.share_flag = "--share" in self.lf("fork", "--help").stdout
+        h = self.lf("fork", "--help").stdout
+        self.share_flag, self.swap_default = "--share" in h, "--copy" in h
 
     # ---------- containers ----------
 
@@ -745,7 +753,11 @@ class Bench:
             nameargs = [a for nm in names for a in ("--name", nm)]
             pre = meminfo()
             t = now()
-            if self.share_flag:
+            if self.swap_default:
+                # The default since issue 14: the source is swapped onto the snapshot.
+                mode = "fork"
+                forks = self.jsonl(self.lf("fork", src["id"], "-n", n, "--json", *nameargs, timeout=900).stdout)
+            elif self.share_flag:
                 mode = "fork --share"
                 forks = self.jsonl(self.lf("fork", src["id"], "-n", n, "--share", "--json", *nameargs, timeout=900).stdout)
             else:
@@ -960,37 +972,154 @@ class Bench:
                     pass
         return total
 
+    def start_daemon(self):
+        """`lazyfork daemon run` on a socket of this run's own (the same state roots), so the
+        repeat rows go through a daemon as users with one running do; returns the env that
+        points `lazyfork` at it."""
+        sock = Path("/run/lazyfork") / f"{self.prefix}.sock"
+        sock.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        env = dict(os.environ, LAZYFORK_SOCKET=str(sock), LAZYFORK_GROUP="none")
+        env.pop("LAZYFORK_LOCAL", None)
+        self.daemon_log = self.tmp / "daemon.log"
+        with open(self.daemon_log, "ab") as logf:
+            self.daemon_proc = subprocess.Popen([BIN / "lazyfork", "daemon", "run"], env=env, stdin=subprocess.DEVNULL,
+                                                stdout=logf, stderr=logf, start_new_session=True)
+        deadline = now() + 30
+        while self.run([BIN / "lazyfork", "daemon", "status"], env=env, check=False).returncode != 0:
+            if self.daemon_proc.poll() is not None or now() > deadline:
+                self.stop_daemon()
+                raise RuntimeError(f"lazyfork daemon run did not answer on {sock}: {tail(self.daemon_log)}")
+            time.sleep(0.1)
+        return env
+
+    def stop_daemon(self):
+        """Ends the daemon this run started (by its pid; containers keep running)."""
+        d, self.daemon_proc = self.daemon_proc, None
+        if d is None or d.poll() is not None:
+            return []
+        d.terminate()
+        try:
+            d.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
+            return [f"daemon {d.pid} did not stop on SIGTERM within 60 s: killed"]
+        return []
+
+    def source_pauses(self, ref, env=None):
+        """The agent's gaps over 10 ms (see agent.py): [(end unix time, ms)]."""
+        p = self.lf("exec", ref, "--timeout", "10s", "--", "cat", "/tmp/lf-pauses", check=False, env=env)
+        out = []
+        for line in p.stdout.splitlines():
+            try:
+                t, g = line.split()
+                out.append((float(t), float(g)))
+            except ValueError:
+                pass
+        return out
+
     def repeat_rows(self, heap):
         """One fork at a time of the same running source, each followed by an exec in the
-        fork (tree search forks one branch at a time): the default, where the first fork
-        moves the source onto its snapshot and later ones dump only what it changed, beside
-        --copy, which dumps and rewrites the whole heap every time."""
+        fork (tree search forks one branch at a time), through the CLI with a daemon running:
+        the default, where the first fork moves the source onto its snapshot and later ones
+        dump only what it changed; --copy, which dumps and rewrites the whole heap every
+        time; and plain CRIU (lf-dump of a CRIU image, lf-restore of one copy of it, exec).
+        The source's pause per fork is the longest gap its agent saw during that fork."""
         k = self.cfg["repeat_k"]
-        for method, tag, extra in (("lazyfork-repeat", "rep", ()), ("lazyfork-repeat-copy", "repc", ("--copy",))):
-            fam0 = self.family_bytes()
-            src = self.create_source(heap, self.name(f"h{heap}", tag, "src"))
-            pre = self.quiet()
-            times, frozen, forks = [], [], []
-            t0 = now()
-            for i in range(k + 1):
+        env = self.start_daemon()
+        try:
+            for method, tag, extra in (("lazyfork-repeat", "rep", ()), ("lazyfork-repeat-copy", "repc", ("--copy",)),
+                                       ("plain-criu-repeat", "repp", None)):
+                if extra is None:
+                    kk, avail = self.feasible(2 * (k + 1), heap)  # each round: an image and a copy of the heap
+                    if kk < 2 * (k + 1):
+                        self.notes.append(f"plain-criu-repeat skipped: {2 * (k + 1)} copies of {heap} MiB would leave "
+                                          f"< {FLOOR // GiB} GiB of {avail / GiB:.1f} GiB available")
+                        continue
+                fam0 = self.family_bytes()
+                src = self.create_source(heap, self.name(f"h{heap}", tag, "src"))
+                pre = self.quiet()
+                times, frozen, forks, spans = [], [], [], []
+                t0 = now()
+                for i in range(k + 1):
+                    nm = self.name(f"h{heap}", tag, i)
+                    t, w = now(), time.time()
+                    if extra is None:
+                        d = self.run([BIN / "lf-dump", src["id"]]).stdout
+                        f = self.jsonl(self.run([BIN / "lf-restore", "-n", 1, "--name", nm], input=d).stdout)[0]
+                        fr = json.loads(d)["dump"]["frozen_ms"]
+                    else:
+                        f = self.jsonl(self.lf("fork", src["id"], "--name", nm, "--json", *extra,
+                                               timeout=600, env=env).stdout)[0]
+                        fr = None
+                    spans.append((w, time.time()))
+                    self.lf("exec", f["id"], "--", "hostname", env=env)
+                    times.append((now() - t) * 1000)
+                    if fr is None:
+                        fr = (self.stats(f["id"]).get("timings_ms") or {}).get("frozen_ms")
+                    frozen.append(fr)
+                    forks.append(f)
+                wall = (now() - t0) * 1000
+                self.settle(now())
+                ms = self.measure(forks)
+                post = meminfo()
+                gaps = self.source_pauses(src["id"], env)
+                # A gap ends when the agent runs again: within the fork command's span.
+                pauses = [max([g for e, g in gaps if a <= e <= b + 0.05] or [None], key=lambda x: x or 0)
+                          for a, b in spans]
+                self.row(method, heap, k + 1, ms, wall, pre, post, dict(
+                    first_fork_exec_ms=times[0], repeat_fork_exec_p50_ms=pct(times[1:], 50),
+                    repeat_fork_exec_max_ms=pct(times[1:], 100), first_frozen_ms=frozen[0],
+                    repeat_frozen_p50_ms=pct(frozen[1:], 50),
+                    first_pause_ms=pauses[0], repeat_pause_p50_ms=pct(pauses[1:], 50),
+                    repeat_pause_max_ms=pct(pauses[1:], 100),
+                    fork_exec_ms=" ".join(f"{x:.0f}" for x in times),
+                    pauses_ms=" ".join("-" if x is None else f"{x:.0f}" for x in pauses),
+                    family_files_bytes=self.family_bytes() - fam0,
+                    note=("lf-dump SRC | lf-restore -n 1 --name X (a CRIU image and a full copy each time); "
+                          "lazyfork exec X -- hostname" if extra is None else
+                          "lazyfork fork SRC --name X" + (" --copy" if extra else "") +
+                          "; lazyfork exec X -- hostname; daemon running")))
+                log(f"  {method}: fork+exec {' '.join(f'{x:.0f}' for x in times)} ms; source paused "
+                    f"{' '.join('-' if x is None else f'{x:.0f}' for x in pauses)} ms")
+                self.delete([f["id"] for f in forks] + [src["id"]])
+        finally:
+            for e in self.stop_daemon():
+                log(f"warning: {e}")
+
+    # ---------- many forks in one call: does the cost per fork stay flat? ----------
+
+    def scale_rows(self, heap):
+        """lf-restore -n N of one snapshot for each N of cfg.scale_ns (100, 500, 1000), one
+        batch after the other. Forks are measured once the whole batch has run cfg.settle s
+        (a sampler reading 1,000 smaps during the batch would take the cores it times).
+        Per-fork restore time by position in the batch (forks.csv index) shows what grows
+        with the number of forks already running, within one run."""
+        src = self.create_source(heap, self.name(f"h{heap}", "scale", "src"))
+        try:
+            snap = self.dump(src["id"])
+            self.snap_row(heap, "memfiled (scale)", snap)
+            for n in self.cfg["scale_ns"]:
+                pre = self.quiet()
+                names = [self.name(f"h{heap}", "scale", f"n{n}", i) for i in range(n)]
                 t = now()
-                f = self.jsonl(self.lf("fork", src["id"], "--name", self.name(f"h{heap}", tag, i), "--json",
-                                       *extra, timeout=600).stdout)[0]
-                self.lf("exec", f["id"], "--", "hostname")
-                times.append((now() - t) * 1000)
-                frozen.append((self.stats(f["id"]).get("timings_ms") or {}).get("frozen_ms"))
-                forks.append(f)
-            wall = (now() - t0) * 1000
-            self.settle(now())
-            ms = self.measure(forks)
-            post = meminfo()
-            self.row(method, heap, k + 1, ms, wall, pre, post, dict(
-                first_fork_exec_ms=times[0], repeat_fork_exec_p50_ms=pct(times[1:], 50),
-                repeat_fork_exec_max_ms=pct(times[1:], 100), first_frozen_ms=frozen[0],
-                repeat_frozen_p50_ms=pct([x for x in frozen[1:] if x is not None], 50),
-                family_files_bytes=self.family_bytes() - fam0,
-                note="lazyfork fork SRC --name X; lazyfork exec X -- hostname, one after another" + (" (--copy)" if extra else "")))
-            self.delete([f["id"] for f in forks] + [src["id"]])
+                p = self.run([BIN / "lf-restore", "-n", n, *[a for nm in names for a in ("--name", nm)]],
+                             input=json.dumps(snap), timeout=1800)
+                wall = (now() - t) * 1000
+                forks = self.jsonl(p.stdout)
+                self.settle(now())
+                ms = self.measure(forks)
+                post = meminfo()
+                lat = [f.get("restore_ms") for f in forks]
+                tenth = max(1, n // 10)
+                t_del = self.delete([f["id"] for f in forks])
+                self.row("lazyfork-scale", heap, n, ms, wall, pre, post, dict(
+                    first_tenth_p50_ms=pct(lat[:tenth], 50), last_tenth_p50_ms=pct(lat[-tenth:], 50),
+                    delete_ms=t_del, note=f"lf-restore -n {n} of one snapshot"))
+                log(f"    restore p50 of the first {tenth}: {fmt_ms(pct(lat[:tenth], 50))}, of the last {tenth}: "
+                    f"{fmt_ms(pct(lat[-tenth:], 50))}; delete of {n}: {t_del / 1000:.1f} s")
+        finally:
+            self.delete([src["id"]])
 
     # ---------- snapshot trees ----------
 
@@ -1067,6 +1196,17 @@ class Bench:
 
     def heap_config(self, heap):
         log(f"heap {heap} MiB")
+        if "core" in self.only:
+            self.core_rows(heap)
+        if heap == self.cfg["target_heap"]:
+            for sec, fn in (("tree", self.tree_rows), ("idle", self.idle_rows), ("confine", self.confinement_rows),
+                            ("net", self.network_rows), ("repeat", self.repeat_rows), ("scale", self.scale_rows)):
+                if sec in self.only:
+                    fn(heap)
+        if "share" in self.only:
+            self.share_rows(heap)
+
+    def core_rows(self, heap):
         m0 = self.quiet()
         src = self.create_source(heap, self.name(f"h{heap}", "src"))
         m1 = self.quiet()
@@ -1109,13 +1249,6 @@ class Bench:
         if kids:
             self.delete(kids)
         self.delete([src["id"]])
-        if heap == self.cfg["target_heap"]:
-            self.tree_rows(heap)
-            self.idle_rows(heap)
-            self.confinement_rows(heap)
-            self.network_rows(heap)
-            self.repeat_rows(heap)
-        self.share_rows(heap)
 
     def budget_rows(self):
         """What deciding costs on big snapshot trees: lib/budget's BenchmarkPlan (PlanEvict,
@@ -1143,7 +1276,8 @@ class Bench:
         log(f"{self.env['mode']} run, names {self.prefix}-*, results in {self.out}")
         for heap in self.cfg["heaps"]:
             self.heap_config(heap)
-        self.budget_rows()
+        if "budget" in self.only:
+            self.budget_rows()
         self.env["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
         self.env["duration_s"] = round(now() - self.started)
 
@@ -1201,11 +1335,20 @@ def main():
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--fork-memory", action="store_true",
                     help="only one fork's memory over time (fork_memory.py): fork_memory.{csv,png} in --out")
+    ap.add_argument("--only", help="comma-separated parts to run: " + ",".join(SECTIONS) +
+                    " (results in /tmp/lazyfork-bench-only unless --out; never bench/results or README)")
     a = ap.parse_args()
-    out = Path(a.out) if a.out else (Path(f"/tmp/lazyfork-bench-smoke") if a.smoke else HERE / "results")
+    only = None
+    if a.only:
+        only = [x.strip() for x in a.only.split(",") if x.strip()]
+        bad = [x for x in only if x not in SECTIONS]
+        if bad or not only:
+            sys.exit(f"bench: --only {a.only}: unknown part {','.join(bad) or '(none)'}; the parts are {','.join(SECTIONS)}")
+    out = Path(a.out) if a.out else (Path("/tmp/lazyfork-bench-smoke") if a.smoke else
+                                     Path("/tmp/lazyfork-bench-only") if only else HERE / "results")
     if os.geteuid() != 0:
         sys.exit("bench: must run as root (containers, CRIU)")
-    b = Bench(SMOKE if a.smoke else FULL, out, a.smoke)
+    b = Bench(SMOKE if a.smoke else FULL, out, a.smoke, only)
 
     def on_signal(sig, _frame):
         raise Interrupted(f"signal {sig}")
@@ -1223,21 +1366,26 @@ def main():
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(s, signal.SIG_IGN)  # finish cleaning up
         log("cleaning up")
-        errs = b.cleanup()
+        errs = b.stop_daemon() + b.cleanup()
         for e in errs:
             log(f"cleanup: {e}")
     if failed is not None:
         if b.rows:
             try:
                 # Never over the results of the last good run.
-                b.out = out if a.smoke else Path("/tmp/lazyfork-bench-partial")
+                b.out = out if a.smoke or only else Path("/tmp/lazyfork-bench-partial")
                 b.write()
                 log(f"partial results in {b.out}")
             except Exception as e:  # noqa: BLE001
                 log(f"could not write partial results: {e}")
         sys.exit(1)
     b.write()
-    if not a.no_plots:
+    # The README's table of targets comes from a whole run only.
+    if not a.smoke and not only and out == HERE / "results":
+        import summary  # noqa: E402 - local module
+        summary.write_readme(b, REPO / "README.md")
+        log("README.md: targets table rewritten from this run")
+    if not a.no_plots and not only:
         try:
             import plots
             plots.render(out)

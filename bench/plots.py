@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 MB = 1e6
 STYLE = {"lazyfork": ("LazyFork", "tab:blue", "o"), "plain-criu": ("plain CRIU restore", "tab:red", "s"),
-         "criu-lazy-pages": ("CRIU lazy-pages", "tab:orange", "^"), "lazyfork-share": ("LazyFork --share", "tab:green", "D"),
+         "criu-lazy-pages": ("CRIU lazy-pages", "tab:orange", "^"), "lazyfork-share": ("LazyFork, source moved onto its snapshot", "tab:green", "D"),
          "lazyfork-e2e": ("lazyfork fork (end to end)", "tab:purple", "v"),
          "lazyfork-swrk": ("LazyFork, criu per fork (before the service)", "tab:cyan", "x")}
 DASH = {128: ":", 256: "-"}

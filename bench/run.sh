@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # LazyFork benchmark (issue 5). `make bench` runs it whole (< 15 min on 2 cores) and writes
 # bench/results/{*.csv,*.png,summary.md}; `make bench-smoke` (--smoke) runs the same code
-# paths with tiny sizes in < 60 s and writes to /tmp/lazyfork-bench-smoke.
+# paths with tiny sizes in < 60 s and writes to /tmp/lazyfork-bench-smoke. `--only a,b`
+# runs parts of it (bench.py --help lists them; results in /tmp/lazyfork-bench-only).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
 bin=${LAZYFORK_BIN:-$repo/bin}
 smoke=0
-for a in "$@"; do [[ $a == --smoke ]] && smoke=1; done
+partial=0
+for a in "$@"; do [[ $a == --smoke ]] && smoke=1; [[ $a == --only* ]] && partial=1; done
 
 die() { echo "bench: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "must run as root (containers and CRIU need it)"
@@ -32,8 +34,8 @@ py=
 for p in /usr/bin/python3 python3; do
   if command -v "$p" >/dev/null && "$p" -c 'import matplotlib' 2>/dev/null; then py=$p; break; fi
 done
-if [[ -z $py && $smoke == 1 ]]; then
-  echo "bench: matplotlib not installed; the smoke run skips the plots" >&2
+if [[ -z $py && ( $smoke == 1 || $partial == 1 ) ]]; then
+  echo "bench: matplotlib not installed; this run skips the plots" >&2
   py=python3
 elif [[ -z $py ]]; then
   echo "bench: installing python3-matplotlib (apt-get) for the plots" >&2

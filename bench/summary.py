@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 MB = 1e6  # memory in the summary is in decimal MB, the stricter reading of the targets
+MiB = 1 << 20
 
 
 def mb(v, d=2):
@@ -65,86 +66,7 @@ def render(b):
     # ---- targets ----
     w(f"## Targets ({th} MiB container)")
     w("")
-    t = []
-
-    def target(name, goal, measured, ok, why):
-        verdict = {True: "**met**", False: "**missed**", None: "not measured"}.get(ok, ok)
-        t.append([name, goal, measured, verdict, why])
-
-    idle = (pick(rows, "lazyfork-idle", th) or [None])[0]
-    if idle:
-        v = idle["fork_mem_p50_bytes"]
-        target("memory per idle fork", "<= 0.8 MB charged (rss+cache+kmem)",
-               f"{mb(v, 3)} MB p50, {mb(idle['fork_mem_max_bytes'], 3)} MB max (N={idle['n']} forks of an agent "
-               f"that only holds its heap; rss {mb(idle.get('rss_p50_bytes'), 3)}, kmem {mb(idle.get('kmem_p50_bytes'), 3)})",
-               v <= 0.8 * MB, "" if v <= 0.8 * MB else mem_why(idle, v))
-    if top:
-        v = top["fork_mem_p50_bytes"]
-        target("memory per working fork", "context: the spec's workload",
-               f"{mb(v, 3)} MB p50, {mb(top['fork_mem_max_bytes'], 3)} MB max (N={nmax}, the agent reading 32 pages "
-               f"and writing one a second; rss {mb(top.get('rss_p50_bytes'), 3)}, "
-               f"cache {mb(top.get('cache_p50_bytes'), 3)}, kmem {mb(top.get('kmem_p50_bytes'), 3)})",
-               "above 0.8 MB" if v > 0.8 * MB else "below 0.8 MB", mem_why(top, v))
-        v = top["forks_mem_total_bytes"]
-        target(f"{nmax} forks beyond the parent", "<= 110 MB in all",
-               f"{mb(v, 1)} MB (sum of the {top['forks_run']} fork cgroups); MemAvailable fell by "
-               f"{mb(top['meminfo_delta_bytes'], 1)} MB over the batch",
-               v <= 110 * MB,
-               f"the shared memory files ({mb(top.get('family_files_bytes'), 1)} MB on tmpfs) are written once per "
-               f"snapshot and charged to the process that wrote them, not to the forks" if v <= 110 * MB else
-               f"over by {mb(v - 110 * MB, 1)} MB")
-        v = top["restore_p50_ms"]
-        one = lf.get(1)
-        ok = v <= 60
-        target("fork latency p50", "<= 60 ms",
-               f"{ms(v)} ms p50, {ms(top['restore_p95_ms'])} ms p95 (N={nmax}); "
-               f"{ms(one['restore_p50_ms']) if one else '-'} ms for a single fork",
-               ok,
-               "" if ok else latency_why(b, top, one))
-        ratios = []
-        for n, r in sorted(lf.items()):
-            p = plain.get(n)
-            if p and p.get("restore_p50_ms") and r.get("restore_p50_ms"):
-                ratios.append((n, p["restore_p50_ms"] / r["restore_p50_ms"]))
-        if ratios:
-            lo = min(x for _, x in ratios)
-            target("faster than plain CRIU restore", ">= 15x (p50 vs p50, same N)",
-                   ", ".join(f"N={n}: {x:.1f}x" for n, x in ratios), lo >= 15,
-                   "" if lo >= 15 else ratio_why(plain.get(1), lf.get(1)))
-        else:
-            target("faster than plain CRIU restore", ">= 15x", "-", None, "no plain CRIU rows")
-        big = e2e.get(nmax)
-        if big:
-            ok = big["wall_ms"] <= 4000
-            target(f"{nmax} forks, wall", "<= 4 s",
-                   f"{big['wall_ms'] / 1000:.2f} s end to end (`lazyfork fork -n {nmax}`: dump "
-                   f"{ms(big.get('dump_ms'))} ms + memfile {ms(big.get('memfile_ms'))} ms + restores); "
-                   f"restores alone {top['wall_ms'] / 1000:.2f} s",
-                   ok,
-                   "" if ok else f"{nmax} restores at 2 at a time: wall ~ {nmax} x p50 / 2 = "
-                   f"{nmax * top['restore_p50_ms'] / 2000:.1f} s; the fix is the per-restore cost")
-    cp = [c for c in b.copies if c["heap_mb"] == th]
-    if cp:
-        c = cp[0]
-        ok = c["memfile_vs_copy"] >= 0.8
-        target("memfile write rate", ">= 0.8x a plain copy of the same bytes",
-               f"{c['memfile_mb_s']:.0f} MB/s vs cp {c['cp_mb_s']:.0f} / dd {c['dd_mb_s']:.0f} MB/s "
-               f"on the same tmpfs: {c['memfile_vs_copy']:.2f}x",
-               ok,
-               "" if ok else "lf-memfile's time includes parsing and rewriting the image and reading "
-               "the libraries' original bytes for converted file-private mappings")
-    deltas = [l for l in b.lineage if l["level"] >= 2]
-    if deltas:
-        key = "delta_pages" if deltas[0].get("delta_pages") is not None else "dump_pages_written"
-        v = max(l[key] for l in deltas)
-        ok = v <= 500
-        target(f"delta of a fork after {cfg['settle']:.0f} s", "<= 500 pages",
-               f"{min(l[key] for l in deltas)}-{v} pages per snapshot (levels 2-{max(l['level'] for l in deltas)}; "
-               f"CRIU wrote {min(l['dump_pages_written'] for l in deltas)}-{max(l['dump_pages_written'] for l in deltas)})",
-               ok, "" if ok else "see the lineage table")
-    elif b.lineage:
-        target("delta of a fork", "<= 500 pages", "lineage shorter than 2 levels", None, "")
-    w(table(["target", "goal", "measured", "", "why"], t))
+    w(table(["target", "goal", "measured", "", "why"], targets(b)))
     w("")
 
     # ---- side by side ----
@@ -202,14 +124,14 @@ def render(b):
           f"the family's memory files on tmpfs (allocated bytes). The tmpfs column is the growth of Shmem in "
           f"/proc/meminfo since before the source was created, a host-wide cross-check of the memory files. "
           f"(MemAvailable moved by hundreds of MB with other work on this shared host; its deltas are in rows.csv.) "
-          f"Share mode here: `{mode}`. The source's pause is the longest gap its agent saw between two 20 ms "
-          f"wake-ups: the dump, rewrite and restore in place with share; the one dump without.")
+          f"Command of the moved-source rows: `lazyfork {mode}`. The source's pause is the longest gap its agent saw between two 20 ms "
+          f"wake-ups: the dump, rewrite and restore in place when the source moves; the one dump without.")
         w("")
         rs = []
         for r in sorted(sh, key=lambda r: (r["heap_mb"], r["n"])):
             base = pick(rows, "lazyfork", r["heap_mb"], r["n"])
             for lab, x, forks in (("forks share the files, source keeps its heap", base[0] if base else None, "forks_mem_list_total_bytes"),
-                                  ("source moved onto the snapshot (`--share`)", r, "forks_mem_total_bytes")):
+                                  (f"source moved onto the snapshot (`{mode}`)", r, "forks_mem_total_bytes")):
                 if x is None:
                     continue
                 rs.append([x["heap_mb"], x["n"], lab, mb(x.get("parent_mem_bytes"), 1), mb(x.get(forks), 1),
@@ -316,21 +238,51 @@ def render(b):
         w("")
 
     # ---- forking a live container again and again ----
-    rep = [r for r in rows if r["method"] in ("lazyfork-repeat", "lazyfork-repeat-copy") and r.get("forks_run")]
+    rep = [r for r in rows if r["method"] in REPEAT and r.get("forks_run")]
     if rep:
-        w("## Forking a live container again and again (default vs `--copy`)")
+        w("## Forking a live container again and again (default vs `--copy` vs plain CRIU)")
         w("")
-        w("One fork at a time of the same running source, each followed by `lazyfork exec FORK -- hostname` "
-          "(through the CLI, no daemon). By default the first fork moves the source onto its snapshot, so later "
-          "forks dump only what it changed since; `--copy` dumps and rewrites the whole heap every time.")
+        w("One fork at a time of the same running source, each followed by `lazyfork exec FORK -- hostname`, "
+          "through the CLI with a daemon running (the benchmark starts `lazyfork daemon run` on a socket of "
+          "its own). By default the first fork moves the source onto its snapshot, so later forks dump only what "
+          "it changed since; `--copy` dumps and rewrites the whole heap every time; plain CRIU is `lf-dump SRC | "
+          "lf-restore -n 1` (a CRIU image of the whole heap, restored as a full copy) then the same exec. The "
+          "source's pause is the longest gap its agent (waking every 20 ms) saw during each fork; CRIU's frozen "
+          "time is part of it.")
         w("")
         rs = []
-        for r in sorted(rep, key=lambda r: (r["heap_mb"], r["method"] != "lazyfork-repeat")):
-            rs.append([r["heap_mb"], r["n"], "default (swap)" if r["method"] == "lazyfork-repeat" else "--copy",
-                       ms(r.get("first_fork_exec_ms")), ms(r.get("repeat_fork_exec_p50_ms")), ms(r.get("first_frozen_ms")),
-                       ms(r.get("repeat_frozen_p50_ms")), mb(r.get("family_files_bytes"), 1), mb(r["fork_mem_p50_bytes"], 3)])
+        for r in sorted(rep, key=lambda r: (r["heap_mb"], REPEAT.index(r["method"]))):
+            rs.append([r["heap_mb"], r["n"], REPEAT_LABEL[r["method"]],
+                       ms(r.get("first_fork_exec_ms")), ms(r.get("repeat_fork_exec_p50_ms")),
+                       ms(r.get("first_pause_ms")), ms(r.get("repeat_pause_p50_ms")),
+                       f"{ms(r.get('first_frozen_ms'))} / {ms(r.get('repeat_frozen_p50_ms'))}",
+                       mb(r.get("family_files_bytes"), 1), mb(r["fork_mem_p50_bytes"], 3)])
         w(table(["heap MiB", "forks", "mode", "first fork+exec ms", "later fork+exec ms p50", "first pause ms",
-                 "later pause ms p50", "memory files MB", "MB per fork (p50)"], rs))
+                 "later pause ms p50", "CRIU frozen ms first / later p50", "memory files MB", "MB per fork (p50)"], rs))
+        w("")
+        w("Each fork + exec in order (ms), and the source's pause in each (ms):")
+        w("")
+        for r in sorted(rep, key=lambda r: (r["heap_mb"], REPEAT.index(r["method"]))):
+            if r.get("fork_exec_ms"):
+                w(f"- {REPEAT_LABEL[r['method']]}: {r['fork_exec_ms']}; paused {r.get('pauses_ms') or '-'}")
+        w("")
+
+    # ---- many forks in one call ----
+    sc = sorted([r for r in rows if r["method"] == "lazyfork-scale" and r.get("forks_run")], key=lambda r: r["n"])
+    if sc:
+        w("## Many forks in one call")
+        w("")
+        w("`lf-restore -n N` of one snapshot of the agent, N = " + ", ".join(str(r["n"]) for r in sc) +
+          " one batch after the other (2 restores at a time), each measured once the whole batch had run "
+          f"{cfg['settle']:.0f} s. The first and last tenth are the forks restored first and last in the batch: "
+          "a cost that grows with the forks already running shows as a gap between them.")
+        w("")
+        w(table(["heap MiB", "N", "wall s", "restore ms p50 / p95", "first tenth p50 ms", "last tenth p50 ms",
+                 "MB per fork (p50 / max)", "MB all forks", "delete all s"],
+                [[r["heap_mb"], r["n"], f"{r['wall_ms'] / 1000:.2f}", f"{ms(r['restore_p50_ms'])} / {ms(r['restore_p95_ms'])}",
+                  ms(r.get("first_tenth_p50_ms")), ms(r.get("last_tenth_p50_ms")),
+                  f"{mb(r['fork_mem_p50_bytes'], 3)} / {mb(r['fork_mem_max_bytes'], 3)}", mb(r["forks_mem_total_bytes"], 1),
+                  "-" if r.get("delete_ms") is None else f"{r['delete_ms'] / 1000:.1f}"] for r in sc]))
         w("")
 
     # ---- restore path before/after ----
@@ -412,12 +364,240 @@ def render(b):
     return "\n".join(out)
 
 
+def targets(b):
+    """The issues' targets as rows [target, goal, measured, verdict, why] (summary and README)."""
+    rows, cfg = b.rows, b.cfg
+    th = cfg["target_heap"]
+    nmax = max(cfg["ns"])
+    lf = {r["n"]: r for r in pick(rows, "lazyfork", th)}
+    plain = {r["n"]: r for r in pick(rows, "plain-criu", th)}
+    e2e = {r["n"]: r for r in pick(rows, "lazyfork-e2e", th)}
+    top = lf.get(nmax)
+    t = []
+
+    def target(name, goal, measured, ok, why):
+        verdict = {True: "**met**", False: "**missed**", None: "not measured"}.get(ok, ok)
+        t.append([name, goal, measured, verdict, why])
+
+    idle = (pick(rows, "lazyfork-idle", th) or [None])[0]
+    if idle:
+        v = idle["fork_mem_p50_bytes"]
+        target("memory per idle fork", "<= 0.8 MB charged (rss+cache+kmem)",
+               f"{mb(v, 3)} MB p50, {mb(idle['fork_mem_max_bytes'], 3)} MB max (N={idle['n']} forks of an agent "
+               f"that only holds its heap; rss {mb(idle.get('rss_p50_bytes'), 3)}, kmem {mb(idle.get('kmem_p50_bytes'), 3)})",
+               v <= 0.8 * MB, "" if v <= 0.8 * MB else mem_why(idle, v))
+    if top:
+        v = top["forks_mem_total_bytes"]
+        target(f"{nmax} forks beyond the parent", "<= 110 MB in all",
+               f"{mb(v, 1)} MB (sum of the {top['forks_run']} fork cgroups); MemAvailable fell by "
+               f"{mb(top['meminfo_delta_bytes'], 1)} MB over the batch",
+               v <= 110 * MB,
+               f"the shared memory files ({mb(top.get('family_files_bytes'), 1)} MB on tmpfs) are written once per "
+               f"snapshot and charged to the process that wrote them, not to the forks" if v <= 110 * MB else
+               f"over by {mb(v - 110 * MB, 1)} MB")
+        v = top["restore_p50_ms"]
+        one = lf.get(1)
+        ok = v <= 60
+        target("fork latency p50", "<= 60 ms",
+               f"{ms(v)} ms p50, {ms(top['restore_p95_ms'])} ms p95 (N={nmax}); "
+               f"{ms(one['restore_p50_ms']) if one else '-'} ms for a single fork",
+               ok,
+               "" if ok else latency_why(b, top, one))
+        ratios = []
+        for n, r in sorted(lf.items()):
+            p = plain.get(n)
+            if p and p.get("restore_p50_ms") and r.get("restore_p50_ms"):
+                ratios.append((n, p["restore_p50_ms"] / r["restore_p50_ms"]))
+        if ratios:
+            lo = min(x for _, x in ratios)
+            target("faster than plain CRIU restore", ">= 15x (p50 vs p50, same N)",
+                   ", ".join(f"N={n}: {x:.1f}x" for n, x in ratios), lo >= 15,
+                   "" if lo >= 15 else ratio_why(plain.get(1), lf.get(1)))
+        else:
+            target("faster than plain CRIU restore", ">= 15x", "-", None, "no plain CRIU rows")
+        big = e2e.get(nmax)
+        if big:
+            ok = big["wall_ms"] <= 4000
+            target(f"{nmax} forks, wall", "<= 4 s",
+                   f"{big['wall_ms'] / 1000:.2f} s end to end (`lazyfork fork -n {nmax}`: dump "
+                   f"{ms(big.get('dump_ms'))} ms + memfile {ms(big.get('memfile_ms'))} ms + restores); "
+                   f"restores alone {top['wall_ms'] / 1000:.2f} s",
+                   ok,
+                   "" if ok else f"{nmax} restores at 2 at a time: wall ~ {nmax} x p50 / 2 = "
+                   f"{nmax * top['restore_p50_ms'] / 2000:.1f} s; the fix is the per-restore cost")
+    cp = [c for c in b.copies if c["heap_mb"] == th]
+    if cp:
+        c = cp[0]
+        ok = c["memfile_vs_copy"] >= 0.8
+        target("memfile write rate", ">= 0.8x a plain copy of the same bytes",
+               f"{c['memfile_mb_s']:.0f} MB/s vs cp {c['cp_mb_s']:.0f} / dd {c['dd_mb_s']:.0f} MB/s "
+               f"on the same tmpfs: {c['memfile_vs_copy']:.2f}x",
+               ok,
+               "" if ok else "lf-memfile's time includes parsing and rewriting the image and reading "
+               "the libraries' original bytes for converted file-private mappings")
+    deltas = [l for l in b.lineage if l["level"] >= 2]
+    if deltas:
+        key = "delta_pages" if deltas[0].get("delta_pages") is not None else "dump_pages_written"
+        v = max(l[key] for l in deltas)
+        ok = v <= 500
+        target(f"delta of a fork after {cfg['settle']:.0f} s", "<= 500 pages",
+               f"{min(l[key] for l in deltas)}-{v} pages per snapshot (levels 2-{max(l['level'] for l in deltas)}; "
+               f"CRIU wrote {min(l['dump_pages_written'] for l in deltas)}-{max(l['dump_pages_written'] for l in deltas)})",
+               ok, "" if ok else "see the lineage table")
+    elif b.lineage:
+        target("delta of a fork", "<= 500 pages", "lineage shorter than 2 levels", None, "")
+    issue14_targets(b, target)
+    return t
+
+
+def issue14_targets(b, target):
+    """Issue 14's targets: forking a live container again and again, the source's pause,
+    the family held once, 1000 forks in one call, a working fork's memory; each beside the
+    copy-mode and plain-CRIU figures of the same run."""
+    rows, cfg = b.rows, b.cfg
+    th = cfg["target_heap"]
+    one = lambda m, n=None: (pick(rows, m, th, n) or [None])[0]  # noqa: E731
+    rep, copy, plain = one("lazyfork-repeat"), one("lazyfork-repeat-copy"), one("plain-criu-repeat")
+
+    def base(key, unit=" ms"):
+        parts = [f"{lab} {ms(r.get(key))}{unit}" for lab, r in (("--copy", copy), ("plain CRIU", plain))
+                 if r and r.get(key) is not None]
+        return ("; " + ", ".join(parts) + " (same run)") if parts else ""
+    if rep:
+        k = rep["n"] - 1
+        v = rep.get("repeat_fork_exec_p50_ms")
+        target("repeat fork + exec, CLI with the daemon", "p50 <= 60 ms",
+               f"{ms(v)} ms p50, {ms(rep.get('repeat_fork_exec_max_ms'))} ms max ({k} forks after the first)"
+               + base("repeat_fork_exec_p50_ms"),
+               v is not None and v <= 60,
+               "" if v is None or v <= 60 else
+               f"of it the source's pause, p50 {ms(rep.get('repeat_pause_p50_ms'))} ms (CRIU froze it "
+               f"{ms(rep.get('repeat_frozen_p50_ms'))} ms); the rest is the fork's restore and the exec")
+        v = rep.get("first_fork_exec_ms")
+        target("first fork + exec, CLI with the daemon", "<= 250 ms", f"{ms(v)} ms" + base("first_fork_exec_ms"),
+               v is not None and v <= 250,
+               "" if v is None or v <= 250 else
+               f"the first fork dumps the whole {th} MiB heap, rewrites it into memory files and restores the "
+               f"source onto them: the source paused {ms(rep.get('first_pause_ms'))} ms of it")
+        v = rep.get("repeat_pause_p50_ms")
+        target("source pause, repeat forks", "<= 40 ms",
+               f"{ms(v)} ms p50, {ms(rep.get('repeat_pause_max_ms'))} ms max (the longest gap the agent saw during "
+               f"each fork; CRIU froze it {ms(rep.get('repeat_frozen_p50_ms'))} ms p50)" + base("repeat_pause_p50_ms"),
+               None if v is None else v <= 40,
+               "" if v is None or v <= 40 else
+               "the source stays frozen through CRIU's dump of what it changed, the rewrite of that delta and "
+               "the restore of its replacement")
+        v = rep.get("first_pause_ms")
+        target("source pause, first fork", "<= 150 ms",
+               f"{ms(v)} ms (CRIU froze it {ms(rep.get('first_frozen_ms'))} ms)" + base("first_pause_ms"),
+               None if v is None else v <= 150,
+               "" if v is None or v <= 150 else
+               f"the source stays frozen while CRIU writes its {th} MiB to pages-*.img on tmpfs, lf-memfile copies "
+               f"them into memory files and its replacement is restored from them")
+    else:
+        for name, goal in (("repeat fork + exec, CLI with the daemon", "p50 <= 60 ms"),
+                           ("first fork + exec, CLI with the daemon", "<= 250 ms"),
+                           ("source pause, repeat forks", "<= 40 ms"), ("source pause, first fork", "<= 150 ms")):
+            target(name, goal, "-", None, "the repeat rows did not run")
+    fam = sorted(pick(rows, "lazyfork-share", th), key=lambda r: r["n"])
+    if fam:
+        r = fam[-1]
+        per = r.get("fork_mem_p50_bytes") or 0
+        bound = 1.1 * th * MiB + r["n"] * per
+        v = r.get("family_ram_bytes")
+        cmp = []
+        c = (pick(rows, "lazyfork", th, r["n"]) or [None])[0]
+        if c and c.get("family_ram_bytes"):
+            cmp.append(f"forks from a snapshot, source on its own heap {mb(c['family_ram_bytes'], 1)} MB")
+        pl = (pick(rows, "plain-criu", th, r["n"]) or [None])[0]
+        if pl and pl.get("family_ram_bytes"):
+            cmp.append(f"plain CRIU {mb(pl['family_ram_bytes'], 1)} MB" +
+                       (f" ({pl['forks_run']} copies: {pl['stopped_at']})" if pl.get("stopped_at") else ""))
+        target(f"parent + {r['n']} forks, family RAM", "<= 1.1 x heap + N x per-fork charge",
+               f"{mb(v, 1)} MB (source {mb(r.get('parent_mem_bytes'), 1)}, forks {mb(r.get('forks_mem_total_bytes'), 1)}, "
+               f"memory files {mb(r.get('family_files_bytes'), 1)}) against {mb(bound, 1)} MB (per fork "
+               f"{mb(per, 3)} MB p50; `{r.get('note') or 'fork'}`)" + ("; " + ", ".join(cmp) if cmp else ""),
+               v is not None and v <= bound,
+               "" if v is None or v <= bound else f"over by {mb(v - bound, 1)} MB")
+    sc = {r["n"]: r for r in pick(rows, "lazyfork-scale", th)}
+    if sc:
+        big, small = sc[max(sc)], sc[min(sc)]
+        pl = (pick(rows, "plain-criu", th, max(cfg["ns"])) or [None])[0]
+        plain_txt = (f"; plain CRIU at N={pl['n']}: {pl['forks_run']} copies, restore p50 {ms(pl['restore_p50_ms'])} ms, "
+                     f"wall {pl['wall_ms'] / 1000:.1f} s" if pl and pl.get("wall_ms") else "")
+        v = big["wall_ms"]
+        target(f"{big['n']} forks in one call, wall", "<= 10 s on 2 cores",
+               f"{v / 1000:.2f} s (`lf-restore -n {big['n']}`); " +
+               ", ".join(f"N={n}: {r['wall_ms'] / 1000:.2f} s" for n, r in sorted(sc.items()) if n != big["n"]) + plain_txt,
+               v <= 10000,
+               "" if v <= 10000 else
+               f"{big['n']} restores, 2 at a time: wall ~ N x p50 / 2 = {big['n'] * big['restore_p50_ms'] / 2000:.1f} s; "
+               f"the per-fork cost sets it")
+        x = big["restore_p50_ms"] / small["restore_p50_ms"] if small.get("restore_p50_ms") else None
+        target(f"restore p50 at N={big['n']} vs N={small['n']}", "within 1.2x",
+               f"{ms(big['restore_p50_ms'])} vs {ms(small['restore_p50_ms'])} ms: "
+               f"{'-' if x is None else f'{x:.2f}x'}; in the N={big['n']} batch the first tenth "
+               f"{ms(big.get('first_tenth_p50_ms'))} ms p50, the last tenth {ms(big.get('last_tenth_p50_ms'))} ms",
+               None if x is None else x <= 1.2,
+               "" if x is None or x <= 1.2 else
+               "see the scale table: what grows is the per-fork work with the forks already running")
+        v = big["fork_mem_p50_bytes"]
+        target(f"memory per fork at N={big['n']}", "<= 1.0 MB",
+               f"{mb(v, 3)} MB p50, {mb(big['fork_mem_max_bytes'], 3)} MB max (after {cfg['settle']:.0f} s of the workload)",
+               v <= 1.0 * MB, "" if v <= 1.0 * MB else mem_why(big, v))
+    else:
+        target("1000 forks in one call", "<= 10 s, p50 within 1.2x of N=100, <= 1.0 MB per fork", "-", None,
+               "the scale rows did not run")
+    nmax = max(cfg["ns"])
+    top = (pick(rows, "lazyfork", th, nmax) or [None])[0] or (sc.get(100) if sc else None)
+    if top:
+        v = top["fork_mem_p50_bytes"]
+        hp = (pick(rows, "lazyfork-huge", th, top["n"]) or [None])[0]
+        target(f"a fork's memory after {cfg['settle']:.0f} s of the workload, default options", "<= 0.8 MB",
+               f"{mb(v, 3)} MB p50, {mb(top['fork_mem_max_bytes'], 3)} MB max (N={top['n']}; rss "
+               f"{mb(top.get('rss_p50_bytes'), 3)}, cache {mb(top.get('cache_p50_bytes'), 3)}, kmem "
+               f"{mb(top.get('kmem_p50_bytes'), 3)})" +
+               (f"; `--huge-pages` {mb(hp['fork_mem_p50_bytes'], 3)} MB" if hp else ""),
+               v <= 0.8 * MB, "" if v <= 0.8 * MB else mem_why(top, v))
+
+
+def readme_block(b):
+    """The README's table of targets, generated from a run (between the markers)."""
+    env = b.env
+    out = [README_BEGIN,
+           f"<!-- generated by bench/bench.py from the run of {env.get('date')}; "
+           f"`python3 bench/summary.py bench/results --readme README.md` renders it again -->",
+           "",
+           f"Measured {env.get('date')} by `make bench` on {env.get('cores')} cores ({env.get('cpu')}), "
+           f"{env.get('mem_total_gib')} GiB RAM, kernel {env.get('kernel')}, CRIU {env.get('criu')}, LazyFork "
+           f"{env.get('commit')}; a {b.cfg['target_heap']} MiB container. Why each miss is missed: "
+           f"[bench/results/summary.md](bench/results/summary.md).",
+           "",
+           table(["target", "goal", "measured", "result"], [r[:4] for r in targets(b)]),
+           README_END]
+    return "\n".join(out)
+
+
+REPEAT = ["lazyfork-repeat", "lazyfork-repeat-copy", "plain-criu-repeat"]
+REPEAT_LABEL = {"lazyfork-repeat": "default (swap)", "lazyfork-repeat-copy": "--copy", "plain-criu-repeat": "plain CRIU"}
+README_BEGIN, README_END = "<!-- bench:targets:begin -->", "<!-- bench:targets:end -->"
+
+
+def write_readme(b, path):
+    path = Path(path)
+    text = path.read_text()
+    i, j = text.find(README_BEGIN), text.find(README_END)
+    if i < 0 or j < i:
+        raise RuntimeError(f"{path}: no {README_BEGIN} ... {README_END} block to write the targets into")
+    path.write_text(text[:i] + readme_block(b) + text[j + len(README_END):])
+
+
 def mem_why(top, v):
     pte, kmem, rss = top.get("pte_p50_bytes"), top.get("kmem_p50_bytes"), top.get("rss_p50_bytes")
     s = (f"kmem {mb(kmem, 3)} MB, of it {mb(pte, 3)} MB page tables (VmPTE), and rss {mb(rss, 3)} MB: the stack, "
-         f"the pages it wrote, interpreter state and the random module's reseed after the fork. The heap's "
-         f"memory file is made of 2 MiB huge pages (its dense stretches), which a fork maps without page-table "
-         f"pages; each page it writes splits one and costs a 4 KiB table")
+         f"the pages it wrote, interpreter state and the random module's reseed after the fork. By default the "
+         f"heap's memory file is made of 4 KiB pages: every 2 MiB stretch the fork reads from costs it a 4 KiB "
+         f"page table; `--huge-pages` maps dense stretches without one")
     if v > 0.8 * MB:
         s = f"{mb(v - 0.8 * MB, 3)} MB over 0.8 MB; " + s
     return s
@@ -456,6 +636,7 @@ class _Run:
         env = json.loads((d / "env.json").read_text())
         self.cfg, self.notes, self.smoke = env.pop("cfg"), env.pop("notes"), env.pop("smoke")
         self.cfg["share_ns"] = {int(k): v for k, v in self.cfg["share_ns"].items()}
+        self.cfg.setdefault("scale_ns", [])
         self.env = env
         self.rows, self.copies, self.snaps, self.lineage = (
             _load(d / f) for f in ("rows.csv", "memfile_vs_copy.csv", "snapshots.csv", "lineage.csv"))
@@ -486,5 +667,16 @@ def _load(path):
 
 
 if __name__ == "__main__":
-    d = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent / "results")
-    (d / "summary.md").write_text(render(_Run(d)))
+    args = sys.argv[1:]
+    readme = None
+    if "--readme" in args:
+        i = args.index("--readme")
+        if i + 1 >= len(args):
+            sys.exit("summary.py: --readme needs the README's path (e.g. --readme README.md)")
+        readme = args[i + 1]
+        del args[i:i + 2]
+    d = Path(args[0] if args else Path(__file__).resolve().parent / "results")
+    run = _Run(d)
+    (d / "summary.md").write_text(render(run))
+    if readme:
+        write_readme(run, readme)
