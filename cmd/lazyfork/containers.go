@@ -30,8 +30,8 @@ type createCmd struct {
 	Memory     string `short:"m" help:"Memory limit of the container and each fork, in bytes with an optional k, m or g suffix (e.g. 512m)."`
 	PidsLimit  int64  `name:"pids-limit" help:"Most tasks (threads) the container and each fork may hold."`
 	Privileged bool   `help:"Run without confinement: every capability, no seccomp filter, no masked /proc paths, no device list (see docs/security.md)."`
-	Net        string `default:"none" enum:"none,bridge,host" help:"Network: none (a network namespace of its own, loopback only; each fork gets its own, so a server's port is free in every fork), bridge (the same plus an address on the LazyFork bridge, LAZYFORK_BRIDGE and LAZYFORK_SUBNET; each fork gets its own address) or host (the host's network)."`
-	Join       string `help:"Join the network namespace of this running --net none container: the two (and any others that join) are a cluster, forked as one cut with 'lazyfork cluster fork'."`
+	Net        string `placeholder:"none|bridge|host" help:"Network: none (the default: a network namespace of its own, loopback only; each fork gets its own, so a server's port is free in every fork), bridge (the same plus an address on the LazyFork bridge, LAZYFORK_BRIDGE and LAZYFORK_SUBNET; each fork gets its own address) or host (the host's network). A --join member takes its cluster's."`
+	Join       string `help:"Join the network namespace of this running --net none or --net bridge container: the two (and any others that join) are a cluster sharing its loopback and address, forked as one cut with 'lazyfork cluster fork'."`
 	NAT        bool   `name:"nat" help:"With --net bridge: masquerade the container's (and its forks') traffic to the host's other networks; off by default, it reaches the host and other bridge containers only."`
 }
 

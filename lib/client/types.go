@@ -52,8 +52,9 @@ type CreateRequest struct {
 	Net string `json:"net,omitempty"`
 	// NAT masquerades a bridge-mode container's traffic to the host's other networks.
 	NAT bool `json:"nat,omitempty"`
-	// Join makes the container a member of the cluster of this (running, --net none)
-	// container: it shares that network namespace.
+	// Join makes the container a member of the cluster of this (running, --net none or
+	// bridge) container: it shares that network namespace and address (Net "" or the
+	// cluster's mode, no NAT of its own).
 	Join string `json:"join,omitempty"`
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"time"
 
@@ -156,21 +157,39 @@ func restoreCluster(ctx context.Context, rt *runtime.Runtime, snaps []*stage.Sna
 		return nil, err
 	}
 	defer ns.Release() // the restored members hold the namespace from here on
-	release, err := network.HoldTraffic(ns.Path)
+	var pass []netip.Addr
+	if s := snaps[0]; s.Net == runtime.NetBridge {
+		if p, err := netip.ParsePrefix(s.Addr); err == nil {
+			pass = append(pass, p.Addr())
+		}
+	}
+	release, err := network.HoldTraffic(ns.Path, pass...)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { retErr = errors.Join(retErr, release()) }()
 	var out []stage.Fork
-	cluster := ""
+	cluster, addr := "", ""
 	for i, s := range snaps {
-		fs, err := Restore(ctx, rt, s, RestoreOptions{N: 1, NetNS: ns.Path, Cluster: cluster, ClusterLeader: i == 0})
+		fs, err := Restore(ctx, rt, s, RestoreOptions{N: 1, NetNS: ns.Path, Cluster: cluster, ClusterLeader: i == 0, ClusterAddr: addr})
 		if err != nil {
 			return out, err
 		}
 		out = append(out, fs[0])
 		if i == 0 {
 			cluster = fs[0].ID
+			// Bridge mode: the leader's restore attached the namespace with the fork's
+			// own address (and parked the parent's); the members share it.
+			if l, err := rt.Tree.Get(cluster); err == nil {
+				addr = l.Addr
+			}
+		}
+	}
+	if s := snaps[0]; s.Net == runtime.NetBridge && s.Addr != "" {
+		// Every member is back: their copies of the parent's sockets bound to its address
+		// (connections to the outside) are closed before any packet leaves.
+		if err := network.CloseInheritedIn(ns.Path, s.Addr); err != nil {
+			return out, err
 		}
 	}
 	return out, nil

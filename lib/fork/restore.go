@@ -48,6 +48,9 @@ type RestoreOptions struct {
 	NetNS         string
 	Cluster       string
 	ClusterLeader bool
+	// ClusterAddr is, for members of a bridge-mode cluster fork, the fork leader's address
+	// (the namespace's), which their records share.
+	ClusterAddr string
 }
 
 // Restore makes o.N forks of a memfiled snapshot. Every fork is a new container with its
@@ -105,7 +108,13 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 	}
 	// Bridge mode: each fork gets an address of the source's subnet on its bridge.
 	var alloc func() (string, error)
-	if s.Net == runtime.NetBridge {
+	member := o.Cluster != "" && !o.ClusterLeader
+	if s.Net == runtime.NetBridge && member {
+		if o.ClusterAddr == "" {
+			return nil, fmt.Errorf("restore %s: a bridge-mode cluster member needs its cluster's address", s.ID)
+		}
+		alloc = func() (string, error) { return o.ClusterAddr, nil }
+	} else if s.Net == runtime.NetBridge {
 		subnet, err := netip.ParsePrefix(s.Addr)
 		if err != nil {
 			return nil, fmt.Errorf("restore %s: bridge mode without an address (%q)", s.ID, s.Addr)
@@ -306,7 +315,9 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 				}
 				return runtime.AttachNetwork(pid, c, parentAddr)
 			case "post-restore":
-				if parentAddr != "" {
+				// A cluster fork's members may all hold the parent's sockets: closed
+				// once every one is restored (restoreCluster).
+				if parentAddr != "" && netns == "" {
 					// Copies of the parent's connections to the outside would speak
 					// with the parent's address: closed before the fork runs.
 					if err := network.CloseInherited(pid, parentAddr); err != nil {

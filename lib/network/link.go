@@ -316,11 +316,17 @@ func parkRule(one netip.Prefix) *netlink.Rule {
 // them reset (ECONNABORTED); the parent keeps its own. Loopback connections and
 // listeners on 0.0.0.0 are untouched.
 func CloseInherited(pid int, parent string) error {
+	return CloseInheritedIn(fmt.Sprintf("/proc/%d/ns/net", pid), parent)
+}
+
+// CloseInheritedIn is CloseInherited in the namespace at path (a cluster fork's, once
+// every member is restored into it: each may hold sockets bound to the parent address).
+func CloseInheritedIn(path, parent string) error {
 	p, err := netip.ParsePrefix(parent)
 	if err != nil {
 		return fmt.Errorf("bad parent address %q", parent)
 	}
-	nsf, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	nsf, err := os.Open(path)
 	if err != nil {
 		return err
 	}

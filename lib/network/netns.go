@@ -2,10 +2,12 @@ package network
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	goruntime "runtime"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -67,7 +69,12 @@ const holdTable = "lazyfork_hold"
 // release runs: the members of a cluster are restored one after the other, and the first
 // ones back must not reset their connections to members not restored yet (a dropped
 // segment is retransmitted; a segment to a closed port would be answered with a reset).
-func HoldTraffic(path string) (release func() error, err error) {
+//
+// Packets to the addresses in pass go through: a bridge-mode cluster fork's parked parent
+// address (see parkParentAddr), to which CRIU sends the FIN that puts a restored
+// half-closed connection back in its state; every socket bound to that address is
+// closed before the hold is released (CloseInheritedIn).
+func HoldTraffic(path string, pass ...netip.Addr) (release func() error, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -79,8 +86,22 @@ func HoldTraffic(path string) (release func() error, err error) {
 	}
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: holdTable})
 	drop := nftables.ChainPolicyDrop
-	c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
+	out := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &drop})
+	for _, a := range pass {
+		if !a.Is4() {
+			f.Close()
+			return nil, fmt.Errorf("hold traffic: %s is not IPv4", a)
+		}
+		daddr := a.As4()
+		c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: daddr[:]},
+			&expr.Verdict{Kind: expr.VerdictAccept},
+		}})
+	}
 	if err := c.Flush(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("hold traffic: %w", err)

@@ -35,15 +35,30 @@ func (r *Runtime) AddressAllocator(subnet netip.Prefix) func() (string, error) {
 
 // releaseNetwork undoes what bridge mode made for c once its record is gone: its veth
 // (usually gone with its namespace already) and, when no record uses the bridge any
-// more, the bridge and its NAT rules.
+// more, the bridge and its NAT rules. A cluster's veth and NAT rules are its leader's
+// and belong to the namespace: they go with the cluster's last record, whichever that is
+// (members outlive a deleted leader in its namespace).
 func (r *Runtime) releaseNetwork(c *tree.Container) error {
-	if err := network.Detach(c.ID); err != nil {
+	owner := c.ID
+	if c.Cluster != "" {
+		owner = c.Cluster
+		all, err := r.Tree.List()
+		if err != nil {
+			return err
+		}
+		for _, o := range all {
+			if o.Cluster == c.Cluster && o.ID != c.ID {
+				return nil
+			}
+		}
+	}
+	if err := network.Detach(owner); err != nil {
 		return err
 	}
 	if c.Bridge == "" {
 		return nil
 	}
-	if err := network.RemoveNAT(c.ID); err != nil {
+	if err := network.RemoveNAT(owner); err != nil {
 		return err
 	}
 	// Under the lock that reservations take: a create that reserves after this check
@@ -75,8 +90,8 @@ func attachment(c *tree.Container, parent string) network.Attachment {
 // others): see network.Attach. parent is the address of the container c is a fork of,
 // whose sockets c inherits ("" when c is that container itself).
 func AttachNetwork(pid int, c *tree.Container, parent string) error {
-	if c.Net != NetBridge {
-		return nil
+	if c.Net != NetBridge || IsMember(c) {
+		return nil // a member's namespace is its leader's, attached with the leader
 	}
 	if err := network.Attach(pid, c.ID, attachment(c, parent)); err != nil {
 		return err
@@ -89,21 +104,32 @@ func AttachNetwork(pid int, c *tree.Container, parent string) error {
 	return nil
 }
 
-// joinable checks that ref can take a new cluster member (running, --net none, its own
-// namespace) and opens its network namespace. The new member's mode must be none too.
+// IsMember says c shares its namespace with a cluster leader other than itself.
+func IsMember(c *tree.Container) bool { return c.Cluster != "" && c.Cluster != c.ID }
+
+// joinable checks that ref can take a new cluster member (running, --net none or bridge,
+// its own namespace) and opens its network namespace. net is the new member's mode: ""
+// (or the leader's) takes the cluster's; a member has no address of its own, it shares
+// the leader's.
 func (r *Runtime) joinable(ref, net string, nat bool) (*tree.Container, *os.File, error) {
 	l, err := r.Tree.Resolve(ref)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--join %s: %w", ref, err)
 	}
-	if l.Cluster != "" && l.Cluster != l.ID {
+	if IsMember(l) {
 		// A member: the cluster is its leader's.
 		if l, err = r.Tree.Get(l.Cluster); err != nil {
 			return nil, nil, fmt.Errorf("--join %s: its cluster's leader: %w", ref, err)
 		}
 	}
-	if net != NetNone || nat || l.Net != NetNone {
-		return nil, nil, fmt.Errorf("--join %s: clusters share a --net none namespace (loopback only); %s is --net %s and the new member --net %s", ref, l.Display(), l.Net, net)
+	if l.Net != NetNone && l.Net != NetBridge {
+		return nil, nil, fmt.Errorf("--join %s: it is --net %s; clusters share a --net none or --net bridge namespace", ref, l.Net)
+	}
+	if net != "" && net != l.Net {
+		return nil, nil, fmt.Errorf("--join %s: the cluster is --net %s and the new member --net %s: leave --net out (a member takes the cluster's network)", ref, l.Net, net)
+	}
+	if nat {
+		return nil, nil, fmt.Errorf("--join %s: --nat is the cluster's, set on its first container (%s); leave it out", ref, l.Display())
 	}
 	if st := r.State(l); st != tree.StateRunning {
 		return nil, nil, fmt.Errorf("--join %s: it is %s; a cluster grows around a running container", ref, st)

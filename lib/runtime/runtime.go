@@ -79,8 +79,9 @@ type CreateOptions struct {
 	// NAT masquerades a bridge-mode container's traffic to the host's other networks
 	// (off by default: it reaches the host and the other bridge-mode containers only).
 	NAT bool
-	// Join names a running container (--net none) whose network namespace the new one
-	// shares: together they are a cluster (like a pod), forked as one cut.
+	// Join names a running container (--net none or bridge) whose network namespace the
+	// new one shares: together they are a cluster (like a pod), forked as one cut. The
+	// member takes the cluster's network (Net "" or the same mode; no NAT of its own).
 	Join string
 }
 
@@ -127,21 +128,30 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 	if o.Memory < 0 || o.PidsLimit < 0 {
 		return nil, fmt.Errorf("memory limit %d and pids limit %d: limits must be positive (0 means none)", o.Memory, o.PidsLimit)
 	}
+	var leader *tree.Container
+	var joinNS *os.File
+	if o.Join != "" {
+		if o.Net != "" {
+			if _, err := NetMode(o.Net); err != nil {
+				return nil, err
+			}
+		}
+		var err error
+		if leader, joinNS, err = r.joinable(o.Join, o.Net, o.NAT); err != nil {
+			return nil, err
+		}
+		defer joinNS.Close()
+		o.Net = leader.Net
+	}
 	net, err := NetMode(o.Net)
 	if err != nil {
 		return nil, err
 	}
-	var leader *tree.Container
-	var joinNS *os.File
-	if o.Join != "" {
-		if leader, joinNS, err = r.joinable(o.Join, net, o.NAT); err != nil {
-			return nil, err
-		}
-		defer joinNS.Close()
-	}
 	var alloc func() (string, error)
 	netCfg := r.Network.WithDefaults()
-	if net == NetBridge {
+	if leader != nil {
+		// A member shares the leader's namespace, address and bridge.
+	} else if net == NetBridge {
 		subnet, err := netCfg.Check()
 		if err != nil {
 			return nil, err
@@ -178,6 +188,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		c.Net = net
 		if leader != nil {
 			c.Cluster = leader.ID
+			c.Bridge, c.Addr, c.NAT = leader.Bridge, leader.Addr, leader.NAT
 		}
 		c.Confine = &prof
 		if alloc != nil {

@@ -167,8 +167,10 @@ class Client:
         privileged=True opts out of confinement (docs/security.md). net is "none"
         (default), "bridge" (an address on the LazyFork bridge: ``address``) or "host";
         nat=True masquerades a bridge container's traffic to the host's other networks.
-        join names a running --net none container whose network namespace the new one
-        shares: a cluster, forked as one cut with :meth:`Container.cluster_fork`."""
+        join names a running --net none or bridge container whose network namespace
+        (and address) the new one shares: a cluster, forked as one cut with
+        :meth:`Container.cluster_fork`; leave net and nat out, a member takes its
+        cluster's."""
         body = {"image": image}
         if user is not None:
             body["user"] = user
