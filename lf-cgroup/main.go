@@ -19,6 +19,7 @@ import (
 )
 
 type cli struct {
+	stagecmd.ExplainFlag
 	Create createCmd `cmd:"" help:"Create a new group (fails if it exists); prints it."`
 	Stats  opCmd     `cmd:"" help:"Print memory, pids and freezer state."`
 	Freeze opCmd     `cmd:"" help:"Freeze every task (bounded wait); prints the group."`
@@ -86,7 +87,7 @@ type createCmd struct {
 	Parent string `help:"Parent cgroup path for every hierarchy (default: lazyfork under the caller's own cgroups on v1, /lazyfork on v2)." env:"LAZYFORK_CGROUP_PARENT"`
 }
 
-func (c *createCmd) Run(w io.Writer) error {
+func (c *createCmd) Run(w io.Writer, x *stagecmd.ExplainFlag) error {
 	if err := cgroup.CheckParent(c.Parent); err != nil {
 		return err
 	}
@@ -97,10 +98,16 @@ func (c *createCmd) Run(w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	x.Tell(explain(g, "create"))
 	return emit(w, newDoc(g))
 }
 
-func (c *opCmd) Run(kctx *kong.Context, w io.Writer) error {
+// explain is the group's account of op.
+func explain(g *cgroup.Cgroup, op string) stagecmd.Explainer {
+	return stagecmd.ExplainFunc(func(w io.Writer) { g.Explain(w, op) })
+}
+
+func (c *opCmd) Run(kctx *kong.Context, w io.Writer, x *stagecmd.ExplainFlag) error {
 	g, err := c.open()
 	if err != nil {
 		return err
@@ -143,6 +150,7 @@ func (c *opCmd) Run(kctx *kong.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	x.Tell(explain(g, kctx.Selected().Name))
 	return emit(w, out)
 }
 
@@ -164,8 +172,8 @@ func emit(w io.Writer, v any) error { return json.NewEncoder(w).Encode(v) }
 func main() {
 	var c cli
 	kctx := stagecmd.Parse(&c, "lf-cgroup", "Create and drive LazyFork container cgroups (JSON on stdout).",
-		"lf-cgroup create c1 > cg.json\nlf-cgroup freeze cg.json | lf-cgroup stats\nlf-cgroup kill cg.json | lf-cgroup remove",
+		"lf-cgroup create c1 > cg.json\nlf-cgroup freeze --explain cg.json | lf-cgroup stats\nlf-cgroup kill cg.json | lf-cgroup remove",
 		kong.BindTo(io.Writer(os.Stdout), (*io.Writer)(nil)))
 	// Groups live under the cgroup mounts, not the state roots.
-	stagecmd.RunWithoutRoots("lf-cgroup", func(ctx context.Context) error { return kctx.Run() })
+	stagecmd.RunWithoutRoots("lf-cgroup", func(ctx context.Context) error { return kctx.Run(&c.ExplainFlag) })
 }

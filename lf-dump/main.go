@@ -23,6 +23,7 @@ import (
 
 type cli struct {
 	hook.Flags
+	stagecmd.ExplainFlag
 	Container string        `arg:"" help:"Name, id or unique id prefix of a running container; - reads its record (lf-tree get's output) on stdin."`
 	Exit      bool          `help:"End the container after the dump (as lazyfork stop does)."`
 	Force     bool          `help:"Dump even if the workload maps jemalloc, mimalloc or tcmalloc."`
@@ -33,7 +34,7 @@ func main() {
 	criu.MaybeKdatHelper()
 	var c cli
 	stagecmd.Parse(&c, "lf-dump", "Checkpoint a running container (CRIU) and freeze its file system layer; prints snapshot JSON.",
-		"lf-dump c1 | lf-memfile | lf-restore -n 10\nlf-dump c1 > dumped.json; lf-inspect < dumped.json")
+		"lf-dump c1 | lf-memfile | lf-restore -n 10\nlf-dump --explain c1 > dumped.json; lf-inspect < dumped.json")
 	stagecmd.Run("lf-dump", func(ctx context.Context) error { return run(ctx, c) })
 }
 
@@ -66,6 +67,7 @@ func run(ctx context.Context, c cli) error {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "dumped %s: %d pages, frozen %.0f ms, wall %.0f ms\n", ct.Display(), s.Dump.PagesWritten, s.Dump.FrozenMs, s.Dump.WallMs)
+	c.Tell(s)
 	return stagecmd.Print(s)
 }
 

@@ -23,6 +23,7 @@ import (
 )
 
 type cli struct {
+	stagecmd.ExplainFlag
 	Checkpoint string `arg:"" optional:"" help:"Snapshot id or directory, or a CRIU image directory; - or nothing: snapshot JSON on stdin."`
 	FamilyDir  string `help:"Where the memory files the image maps live (default: the snapshot's family, or <images>.mem beside a raw image)."`
 	JSON       bool   `help:"Print the report as JSON instead of tables."`
@@ -48,6 +49,7 @@ func run(c cli) error {
 	if err != nil {
 		return err
 	}
+	c.Tell(rep) // the decisions grouped, beside the tables or the JSON
 	var onDisk []memfile.FileReport
 	if family != "" {
 		onDisk, _ = memfile.FamilyFiles(family)

@@ -16,6 +16,7 @@ import (
 )
 
 type cli struct {
+	stagecmd.ExplainFlag
 	Snapshot      string `arg:"" optional:"" help:"Snapshot directory or id, or a raw CRIU image directory; - or nothing: snapshot JSON on stdin."`
 	FamilyDir     string `help:"Raw CRIU image mode: tmpfs directory for the memory files (default: <images>.mem beside it)."`
 	MountPath     string `help:"Raw CRIU image mode: path at which the restored task sees the memory files (default: the family dir itself)."`
@@ -25,7 +26,6 @@ type cli struct {
 	KSM           bool   `name:"ksm" help:"Mark the memory files' mappings MADV_MERGEABLE so ksmd may merge the forks' identical pages (same tenant only: see docs/security.md)."`
 	Rebase        *bool  `help:"Force (or with --no-rebase forbid) writing fresh memory files for a fork's delta." negatable:""`
 	DryRun        bool   `help:"Print the plan (lf-inspect's JSON: each VMA's decision and why) and write nothing."`
-	Explain       bool   `help:"Tell on stderr what the rewrite found and what it does with it, and why."`
 }
 
 func main() {
@@ -52,20 +52,8 @@ func run(ctx context.Context, c cli) error {
 	if err != nil {
 		return err
 	}
-	if c.DryRun || c.Explain {
-		rep, err := memfile.Inspect(memfile.Options{ImagesDir: s.ImagesDir, FamilyDir: s.FamilyDir, ConvertFilePrivate: !c.NoFilePrivate})
-		if err != nil {
-			return err
-		}
-		if c.Explain {
-			rep.Explain(os.Stderr)
-		}
-		if c.DryRun {
-			return stagecmd.Print(struct {
-				stagecmd.Header
-				*memfile.Report
-			}{stagecmd.H(KindInspect), rep})
-		}
+	if done, err := plan(c, s.ImagesDir, s.FamilyDir); done || err != nil {
+		return err
 	}
 	s, err = snapshot.Memfile(ctx, s, snapshot.MemfileOptions{Force: c.Force, NoFilePrivate: c.NoFilePrivate, Rebase: c.Rebase, HugePages: c.HugePages, KSM: c.KSM})
 	if err != nil {
@@ -74,7 +62,28 @@ func run(ctx context.Context, c cli) error {
 	m := s.Memfile
 	fmt.Fprintf(os.Stderr, "memfiled %s: %d files, %d pages moved (%.1f MB in %.0f ms, %.0f MB/s), %d pages left in the image\n",
 		s.ID, m.Files, m.PagesMoved, float64(m.BytesWritten)/1e6, m.Ms, m.MBPerSec, m.PagesKept)
+	c.Tell(s)
 	return stagecmd.Print(s)
+}
+
+// plan inspects the image when --dry-run or --explain asks for the plan: --explain tells
+// it on stderr, --dry-run prints it and ends the stage (done) before anything is written.
+func plan(c cli, images, family string) (done bool, err error) {
+	if !c.DryRun && !c.Explain {
+		return false, nil
+	}
+	rep, err := memfile.Inspect(memfile.Options{ImagesDir: images, FamilyDir: family, ConvertFilePrivate: !c.NoFilePrivate})
+	if err != nil {
+		return false, err
+	}
+	c.Tell(rep) // each decision and why
+	if !c.DryRun {
+		return false, nil
+	}
+	return true, stagecmd.Print(struct {
+		stagecmd.Header
+		*memfile.Report
+	}{stagecmd.H(KindInspect), rep})
 }
 
 // isRawImage reports a CRIU image directory that did not come from lf-dump.
@@ -97,6 +106,9 @@ func rewriteRaw(ctx context.Context, c cli) error {
 	if mount == "" {
 		mount = fam
 	}
+	if done, err := plan(c, dir, fam); done || err != nil {
+		return err
+	}
 	// The memory files are a process's heap: 0700, like a family's (the files are 0400).
 	if err := os.MkdirAll(fam, 0o700); err != nil {
 		return err
@@ -108,6 +120,7 @@ func rewriteRaw(ctx context.Context, c cli) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "rewrote %s: %d files in %s, %d pages moved, %d left in the image\n", dir, len(res.Files), fam, res.PagesMoved, res.PagesKept)
+	c.Tell(res)
 	return stagecmd.Print(struct {
 		stagecmd.Header
 		*memfile.Result

@@ -21,6 +21,7 @@ type layerDoc struct {
 }
 
 type cli struct {
+	stagecmd.ExplainFlag
 	Prepare  prepareCmd  `cmd:"" help:"Create upper/work/target and mount the overlay; prints the layer."`
 	Teardown teardownCmd `cmd:"" help:"Unmount a layer and remove its upper, work and target; prints it with removed: true."`
 }
@@ -32,11 +33,12 @@ type prepareCmd struct {
 	Target string   `required:"" help:"Mount point."`
 }
 
-func (c *prepareCmd) Run() error {
+func (c *prepareCmd) Run(x *stagecmd.ExplainFlag) error {
 	l := overlay.Layer{Lower: c.Lower, Upper: c.Upper, Work: c.Work, Target: c.Target}
 	if err := overlay.Prepare(l); err != nil {
 		return err
 	}
+	x.Tell(stagecmd.ExplainFunc(l.ExplainPrepare))
 	return stagecmd.Print(layerDoc{Header: stagecmd.H(KindLayer), Layer: l})
 }
 
@@ -45,7 +47,7 @@ type teardownCmd struct {
 	In    string `hidden:"" help:"Same as the argument (older scripts)."`
 }
 
-func (c *teardownCmd) Run() error {
+func (c *teardownCmd) Run(x *stagecmd.ExplainFlag) error {
 	var d layerDoc
 	if err := stagecmd.ReadDoc(cmp.Or(c.Layer, c.In), KindLayer, "`lf-overlay prepare`", &d); err != nil {
 		return err
@@ -53,6 +55,7 @@ func (c *teardownCmd) Run() error {
 	if err := overlay.Teardown(d.Layer); err != nil {
 		return err
 	}
+	x.Tell(stagecmd.ExplainFunc(d.Layer.ExplainTeardown))
 	d.Header, d.Removed = stagecmd.H(KindLayer), true
 	return stagecmd.Print(d)
 }
@@ -60,6 +63,6 @@ func (c *teardownCmd) Run() error {
 func main() {
 	var c cli
 	kctx := stagecmd.Parse(&c, "lf-overlay", "Prepare and tear down LazyFork overlay layers (JSON on stdout).",
-		"lf-overlay prepare --lower L --upper U --work W --target T > layer.json\nlf-overlay teardown layer.json")
-	stagecmd.Run("lf-overlay", func(ctx context.Context) error { return kctx.Run() })
+		"lf-overlay prepare --lower L --upper U --work W --target T > layer.json\nlf-overlay teardown --explain layer.json")
+	stagecmd.Run("lf-overlay", func(ctx context.Context) error { return kctx.Run(&c.ExplainFlag) })
 }

@@ -20,6 +20,7 @@ import (
 
 type cli struct {
 	hook.Flags
+	stagecmd.ExplainFlag
 	Snapshot string   `arg:"" optional:"" help:"Snapshot directory or id; - or nothing: snapshot JSON on stdin."`
 	N        int      `short:"n" default:"1" help:"How many forks."`
 	Name     []string `help:"Name for a fork (repeat for several)."`
@@ -34,7 +35,7 @@ func main() {
 	criu.MaybeKdatHelper()
 	var c cli
 	stagecmd.Parse(&c, "lf-restore", "Restore a snapshot as N forks; prints one JSON line per fork.",
-		"lf-dump c1 | lf-memfile | lf-restore -n 10\nlf-restore -n 3 --name a --name b s0123456789ab")
+		"lf-dump c1 | lf-memfile | lf-restore -n 10\nlf-restore -n 3 --name a --name b --explain s0123456789ab")
 	stagecmd.Run("lf-restore", func(ctx context.Context) error { return run(ctx, c) })
 }
 
@@ -64,6 +65,7 @@ func run(ctx context.Context, c cli) error {
 	if err != nil {
 		return err
 	}
+	c.Tell(stage.Restored{Snapshot: s, Forks: forks})
 	for _, f := range forks {
 		if err := stagecmd.Print(f); err != nil {
 			return err

@@ -254,3 +254,17 @@ func (r *Report) Explain(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  => %d pages to memory files, %d stay in the image; %d memory files\n", r.Pages.ToMemoryFiles, r.Pages.StayInImage, len(r.Files))
 }
+
+// Explain tells what a rewrite did (lf-memfile --explain in raw mode): the pages it moved
+// and the memory files it made.
+func (r *Result) Explain(w io.Writer) {
+	fmt.Fprintf(w, "moved %d pages of %d anonymous VMAs and %d copied-on-write file VMAs into %d memory files: %.1f MB written (%.0f MB/s); %d pages stay in the image\n",
+		r.PagesMoved, r.VMAsConverted, r.FileVMAsConverted, len(r.Files), float64(r.BytesWritten)/1e6, r.MBPerSec, r.PagesKept)
+	if r.CowSharedPages > 0 {
+		fmt.Fprintf(w, "  %d pages a process shared copy-on-write with its parent stay in the parent's file (stored once)\n", r.CowSharedPages)
+	}
+	for _, f := range r.Files {
+		fmt.Fprintf(w, "  %s: %s, apparent size %d bytes, %d allocated (sparse: holes cost nothing)\n", f.Name, f.Kind, f.Size, f.Bytes)
+	}
+	fmt.Fprintf(w, "  the image's VMAs now map these files MAP_PRIVATE: a restore shares their pages and copies one only when it writes it\n")
+}

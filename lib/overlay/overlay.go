@@ -6,6 +6,7 @@ package overlay
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -104,7 +105,7 @@ func Prepare(l Layer) (retErr error) {
 		}
 		made = append(made, d)
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(l.Lower, ":"), l.Upper, l.Work)
+	opts := l.options()
 	// A mount option string is limited to one page; many generations of frozen layers
 	// could exceed it, so say so clearly rather than failing with EINVAL.
 	if len(opts) >= 4096 {
@@ -114,6 +115,26 @@ func Prepare(l Layer) (retErr error) {
 		return fmt.Errorf("mount overlay on %s: %w", l.Target, err)
 	}
 	return nil
+}
+
+// options is the overlay mount's option string.
+func (l Layer) options() string {
+	return fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(l.Lower, ":"), l.Upper, l.Work)
+}
+
+// ExplainPrepare tells what Prepare did to the layer (lf-overlay prepare --explain).
+func (l Layer) ExplainPrepare(w io.Writer) {
+	fmt.Fprintf(w, "read: %d lower layer(s), top-most first: %s (each checked to be inside the state roots)\n", len(l.Lower), strings.Join(l.Lower, ", "))
+	fmt.Fprintf(w, "made upper %s, work %s and target %s where missing\n", l.Upper, l.Work, l.Target)
+	fmt.Fprintf(w, "mounted overlay on %s with %s\n", l.Target, l.options())
+	fmt.Fprintf(w, "  why: the lower layers stay read-only and shared; every write lands in the upper, which is this layer's own\n")
+}
+
+// ExplainTeardown tells what Teardown did (lf-overlay teardown --explain).
+func (l Layer) ExplainTeardown(w io.Writer) {
+	fmt.Fprintf(w, "read: layer with target %s (checked to be LazyFork's own before anything was touched)\n", l.Target)
+	fmt.Fprintf(w, "unmounted everything at or below %s, then removed target, work %s and upper %s (the layer's writes are gone)\n", l.Target, l.Work, l.Upper)
+	fmt.Fprintf(w, "  left alone: the lower layers %s, which other layers may share\n", strings.Join(l.Lower, ", "))
 }
 
 // Unmount detaches everything mounted at or below the target. Missing mounts are fine.

@@ -3,7 +3,8 @@
 // way to read input (stdin, or a path argument, "-" for stdin); versioned JSON documents
 // on stdout; a context that Ctrl-C and SIGTERM cancel (so a stage undoes half-made work
 // instead of dying mid-way); and on error one line on stderr and the exit status
-// lib/exitcode gives it.
+// lib/exitcode gives it; --explain (ExplainFlag) for a human account on stderr of what the
+// lib step read, changed and why.
 package stagecmd
 
 import (
@@ -143,6 +144,29 @@ func ReadDoc(arg, kind, what string, v interface{ header() *Header }) error {
 }
 
 func (h *Header) header() *Header { return h }
+
+// Explainer is a lib step's result that can tell a human what the step read, what it
+// changed and why. The account is written from the facts the step returned, so it says
+// what happened, not what a main guesses happened.
+type Explainer interface{ Explain(w io.Writer) }
+
+// ExplainFunc makes a function an Explainer (an account that needs the operation's name).
+type ExplainFunc func(w io.Writer)
+
+// Explain calls f.
+func (f ExplainFunc) Explain(w io.Writer) { f(w) }
+
+// ExplainFlag is the --explain every stage embeds in its command line.
+type ExplainFlag struct {
+	Explain bool `help:"Also tell on stderr what the stage read, what it changed and why (stdout stays the same)."`
+}
+
+// Tell writes e's account on stderr when --explain was given.
+func (x *ExplainFlag) Tell(e Explainer) {
+	if x != nil && x.Explain && e != nil {
+		e.Explain(os.Stderr)
+	}
+}
 
 // Print writes v as one JSON line on stdout.
 func Print(v any) error { return json.NewEncoder(os.Stdout).Encode(v) }
