@@ -26,6 +26,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/lazyfork/lazyfork/lib/exitcode"
 )
 
 // Budget bounds one tree. Every field must be positive except MaxChainDepth (0: only
@@ -67,13 +69,13 @@ func Default() Budget {
 func (b Budget) Validate() error {
 	switch {
 	case b.MaxLive < 1:
-		return fmt.Errorf("budget max_live is %d: it must be at least 1", b.MaxLive)
+		return invalidf("budget max_live is %d: it must be at least 1", b.MaxLive)
 	case b.MaxRAMBytes < 1 || b.MaxRAMBytes > MaxBytes:
-		return fmt.Errorf("budget max_ram_bytes is %d: it must be between 1 and %d", b.MaxRAMBytes, MaxBytes)
+		return invalidf("budget max_ram_bytes is %d: it must be between 1 and %d", b.MaxRAMBytes, MaxBytes)
 	case b.MaxDiskBytes < 1 || b.MaxDiskBytes > MaxBytes:
-		return fmt.Errorf("budget max_disk_bytes is %d: it must be between 1 and %d", b.MaxDiskBytes, MaxBytes)
+		return invalidf("budget max_disk_bytes is %d: it must be between 1 and %d", b.MaxDiskBytes, MaxBytes)
 	case b.MaxChainDepth < 0:
-		return fmt.Errorf("budget max_chain_depth is %d: it must be 0 or more", b.MaxChainDepth)
+		return invalidf("budget max_chain_depth is %d: it must be 0 or more", b.MaxChainDepth)
 	}
 	return nil
 }
@@ -141,13 +143,23 @@ type Plan struct {
 	After Usage `json:"after"`
 }
 
-// Errors a caller can test with errors.Is.
+// Errors a caller can test with errors.Is. All but ErrOverBudget carry the exit status a
+// command gives them (lib/exitcode); a refusal by the budget is status 1.
 var (
 	ErrOverBudget  = errors.New("over budget")
-	ErrUnknownNode = errors.New("no such node in the tree")
-	ErrState       = errors.New("node in the wrong state")
-	ErrInvalid     = errors.New("invalid tree operation")
+	ErrUnknownNode = exitcode.NewNotFound("no such node in the tree")
+	ErrState       = exitcode.Kind{Msg: "node in the wrong state", Code: exitcode.InvalidState}
+	ErrInvalid     = exitcode.Kind{Msg: "invalid tree operation", Code: exitcode.Usage}
 )
+
+// invalid is an ErrInvalid with a message of its own (a budget field out of range).
+type invalid string
+
+func invalidf(format string, args ...any) error { return invalid(fmt.Sprintf(format, args...)) }
+
+func (e invalid) Error() string        { return string(e) }
+func (e invalid) Is(target error) bool { return target == ErrInvalid }
+func (e invalid) ExitCode() int        { return exitcode.Usage }
 
 // OverBudgetError is an operation that cannot fit even after eviction. Need is what the
 // operation adds (for disk: plus the deltas its suspensions write), Have what stays
@@ -848,7 +860,7 @@ func (e *ChangeError) Error() string {
 // fit its disk bound, not necessarily the old one's), then ApplyBudget(nb).
 func (t *Tree) PlanBudget(nb Budget) (Plan, error) {
 	if err := nb.Validate(); err != nil {
-		return Plan{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return Plan{}, err
 	}
 	c := t.Clone()
 	c.Budget = nb
@@ -898,7 +910,7 @@ func (t *Tree) PlanBudget(nb Budget) (Plan, error) {
 // refuses (tree unchanged) a budget the tree is not within.
 func (t *Tree) ApplyBudget(nb Budget) error {
 	if err := nb.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalid, err)
+		return err
 	}
 	if u := t.Usage(); !nb.Within(u) {
 		p, err := t.PlanBudget(nb)

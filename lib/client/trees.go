@@ -102,6 +102,9 @@ type TreeEvent struct {
 	Time      time.Time `json:"time"`
 	// Seq orders the daemon's tree events (it starts again when the daemon restarts).
 	Seq uint64 `json:"seq"`
+	// External: the mutation was made by another process (`lazyfork --local tree ...`);
+	// the daemon saw it in tree.json and LatencyNs is 0.
+	External bool `json:"external,omitempty"`
 }
 
 // TreeWatchMessage is one line of GET /v1/trees/{tree}/watch: first the tree as it is,

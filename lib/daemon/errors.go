@@ -10,6 +10,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/budget"
 	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
@@ -61,6 +62,23 @@ func APIError(err error) *client.Error {
 		code, status = client.CodeBadRequest, http.StatusBadRequest
 	case errors.Is(err, context.Canceled):
 		code, status = client.CodeCanceled, 499
+	default:
+		// Any other error a lib package typed with an exit status (lib/exitcode) gets the
+		// status and code the client maps back to that same exit status
+		// (client.Error.ExitCode), so a command exits alike with or without a daemon.
+		var c exitcode.Coder
+		if errors.As(err, &c) {
+			switch c.ExitCode() {
+			case exitcode.NotFound:
+				code, status = client.CodeNotFound, http.StatusNotFound
+			case exitcode.InvalidState:
+				code, status = client.CodeInvalidState, http.StatusConflict
+			case exitcode.Busy:
+				code, status = client.CodeBusy, http.StatusConflict
+			case exitcode.Usage:
+				code, status = client.CodeBadRequest, http.StatusBadRequest
+			}
+		}
 	}
 	return &client.Error{Status: status, Code: code, Message: msg}
 }

@@ -604,6 +604,12 @@ func Run(ctx context.Context, rt *runtime.Runtime, cfg Config) error {
 		cfg.Log.Info("listening", "socket", cfg.Socket, "pid", os.Getpid(), "root", paths.Root(), "run", paths.Run(), "allowed", srv.access.describe())
 	}
 	srv.svc = svc
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	if err := svc.watchTreeDocs(wctx); err != nil && cfg.Log != nil {
+		// Watchers then miss only what other processes change.
+		cfg.Log.Warn("watch trees", "err", err)
+	}
 	err = srv.Serve(ctx, l)
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil

@@ -20,26 +20,45 @@ type treeHub struct {
 	// mu is held shared by every mutation (its events are published before it returns)
 	// and exclusively while a watch subscribes and reads the tree, so a watcher gets
 	// exactly the mutations after the tree it was sent.
-	mu     sync.RWMutex
+	mu sync.RWMutex
+	// pubMu orders numbering and sending, so that a Seq read under it covers every event
+	// already sent.
+	pubMu  sync.Mutex
 	seq    atomic.Uint64
 	events fanout[client.TreeEvent]
+	// docs is every tree's shape as last seen, for the mutations of other processes
+	// (treewatch.go).
+	docs treeDocs
 }
 
 // Trees returns the service's snapshot-tree manager (its mutations are published).
 func (s *Service) Trees() *snaptree.Manager {
 	h := &s.trees
 	h.once.Do(func() {
-		h.m = &snaptree.Manager{RT: s.RT, OnEvent: func(e snaptree.Event) { s.publishTree(e) }}
+		h.m = &snaptree.Manager{RT: s.RT, OnEvent: func(e snaptree.Event) { s.publishTree(e) }, OnDoc: s.sawDoc}
 	})
 	return h.m
 }
 
 // publishTree numbers a tree event and sends it to the watchers.
 func (s *Service) publishTree(e snaptree.Event) client.TreeEvent {
-	te := client.TreeEvent{Kind: e.Kind, Tree: e.Tree, Node: e.Node, Nodes: e.Nodes,
-		LatencyNs: e.LatencyNs, Time: e.Time, Seq: s.trees.seq.Add(1)}
+	return s.publishTreeEvent(client.TreeEvent{Kind: e.Kind, Tree: e.Tree, Node: e.Node, Nodes: e.Nodes,
+		LatencyNs: e.LatencyNs, Time: e.Time})
+}
+
+func (s *Service) publishTreeEvent(te client.TreeEvent) client.TreeEvent {
+	s.trees.pubMu.Lock()
+	defer s.trees.pubMu.Unlock()
+	te.Seq = s.trees.seq.Add(1)
 	s.trees.events.publish(te)
 	return te
+}
+
+// lastTreeSeq is the number of the last tree event sent.
+func (s *Service) lastTreeSeq() uint64 {
+	s.trees.pubMu.Lock()
+	defer s.trees.pubMu.Unlock()
+	return s.trees.seq.Load()
 }
 
 // mutate runs one tree mutation to the end (a CRIU dump or restore is never cut short
@@ -52,7 +71,7 @@ func (s *Service) mutate(ctx context.Context, res *client.TreeResult, f func(ctx
 		if res != nil {
 			res.Events = append(res.Events, te)
 		}
-	}}
+	}, OnDoc: s.sawDoc}
 	s.trees.mu.RLock()
 	defer s.trees.mu.RUnlock()
 	return f(context.WithoutCancel(ctx), m)
@@ -357,5 +376,22 @@ func (s *Service) WatchTree(ctx context.Context, ref string) (*snaptree.Tree, <-
 		cancel()
 		return nil, nil, nil, err
 	}
-	return t, ch, cancel, nil
+	// Reading the tree may have published the changes another process made to it: they
+	// are in t already, so the watcher gets only the events after them.
+	last := s.lastTreeSeq()
+	out := make(chan client.TreeEvent, cap(ch))
+	go func() {
+		defer close(out)
+		for e := range ch {
+			if e.Seq <= last {
+				continue
+			}
+			select {
+			case out <- e:
+			default:
+				cancel() // fell behind: ch closes, and so does out
+			}
+		}
+	}()
+	return t, out, cancel, nil
 }

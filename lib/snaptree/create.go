@@ -39,12 +39,12 @@ func (m *Manager) Adopt(ctx context.Context, ref string, o CreateOptions) (*Tree
 		return nil, err
 	}
 	if st := m.RT.State(c); st != tree.StateRunning {
-		return nil, fmt.Errorf("adopt %s: it is %s; only a running container can root a tree", ref, st)
+		return nil, invalidState("adopt %s: it is %s; only a running container can root a tree (start it first)", ref, st)
 	}
 	if t, err := m.treeOf(c.ID); err != nil {
 		return nil, err
 	} else if t != "" {
-		return nil, fmt.Errorf("adopt %s: it is already a node of tree %s", ref, t)
+		return nil, invalidState("adopt %s: it is already a node of tree %s (prune it there first)", ref, t)
 	}
 	return m.create(ctx, o, c.ID)
 }
@@ -133,7 +133,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, adopt string) (_ 
 	t.Root = c.ID
 	t.Nodes[c.ID] = n
 	refresh(t, m.RT)
-	if err := t.Save(); err != nil {
+	if err := op.save(); err != nil {
 		return nil, err
 	}
 	op.event(kind, c.ID)

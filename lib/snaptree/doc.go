@@ -22,7 +22,12 @@
 // under one tree cgroup whose memory and pids limits derive from the budget.
 package snaptree
 
-import "github.com/lazyfork/lazyfork/lib/treedoc"
+import (
+	"fmt"
+
+	"github.com/lazyfork/lazyfork/lib/exitcode"
+	"github.com/lazyfork/lazyfork/lib/treedoc"
+)
 
 // The documents are lib/treedoc's (lf-tree reads them without this package's weight).
 type (
@@ -54,6 +59,17 @@ const (
 
 // NodeKind of every node this package makes.
 const NodeKind = treedoc.NodeKind
+
+// invalidState is an operation the node's or container's state does not allow (exit
+// status 4, HTTP 409 invalid_state); badRequest one whose arguments are wrong (exit
+// status 2, HTTP 400 bad_request). lib/daemon maps both by their exit status.
+func invalidState(format string, args ...any) error {
+	return exitcode.With(fmt.Errorf(format, args...), exitcode.InvalidState)
+}
+
+func badRequest(format string, args ...any) error {
+	return exitcode.With(fmt.Errorf(format, args...), exitcode.Usage)
+}
 
 var (
 	ErrNoTree    = treedoc.ErrNoTree

@@ -40,6 +40,26 @@ type Manager struct {
 	// OnEvent, if set, is called after each mutation (including every eviction it
 	// caused), with the tree lock released.
 	OnEvent func(Event)
+	// OnDoc, if set, sees tree id's document under the tree's lock: as read at the start
+	// of an operation (saved false: what the last operation, maybe another process's,
+	// left) and as saved (saved true; t nil: the tree was removed). It must not keep t.
+	// lib/daemon diffs these to stream mutations other processes make.
+	OnDoc func(id string, t *Tree, saved bool)
+}
+
+func (m *Manager) doc(id string, t *Tree, saved bool) {
+	if m.OnDoc != nil {
+		m.OnDoc(id, t, saved)
+	}
+}
+
+// save writes tree.json and shows it to OnDoc.
+func (o *op) save() error {
+	if err := o.t.Save(); err != nil {
+		return err
+	}
+	o.m.doc(o.t.ID, o.t, true)
+	return nil
 }
 
 func (m *Manager) emit(evs []Event) {
@@ -114,6 +134,7 @@ func (m *Manager) withDropped(ctx context.Context, ref string, allowDropped bool
 		unlock()
 		return nil, err
 	}
+	m.doc(id, t, false)
 	if t.Dropped && !allowDropped {
 		unlock()
 		return nil, fmt.Errorf("%w: %s; its state is kept in %s (prune its root to delete it)", ErrDropped, t.ID, t.Dir())
@@ -128,9 +149,9 @@ func (m *Manager) withDropped(ctx context.Context, ref string, allowDropped bool
 	o.unlockAll()
 	if _, err := os.Stat(t.Dir()); err == nil { // a pruned root takes the directory
 		refresh(t, m.RT)
-		if err := t.Save(); err != nil {
-			ferr = errors.Join(ferr, err)
-		}
+		ferr = errors.Join(ferr, o.save())
+	} else {
+		m.doc(id, nil, true)
 	}
 	unlock()
 	m.emit(o.evs)

@@ -2,7 +2,6 @@ package snaptree
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -35,17 +34,17 @@ func (m *Manager) Fork(ctx context.Context, treeRef, node string, o ForkOptions)
 
 func (o *op) fork(ref string, fo ForkOptions) ([]*Node, error) {
 	if fo.N <= 0 {
-		return nil, errors.New("fork: -n must be at least 1")
+		return nil, badRequest("fork: -n must be at least 1")
 	}
 	if len(fo.Labels) > fo.N {
-		return nil, fmt.Errorf("fork: %d labels for %d forks", len(fo.Labels), fo.N)
+		return nil, badRequest("fork: %d labels for %d forks: give at most one label per fork", len(fo.Labels), fo.N)
 	}
 	n, c, err := o.node(ref)
 	if err != nil {
 		return nil, err
 	}
 	if n.State == StateExited {
-		return nil, fmt.Errorf("fork %s: its processes are gone (killed or power cut) and it was not suspended; prune it", n.ID)
+		return nil, invalidState("fork %s: its processes are gone (killed or power cut) and it was not suspended; prune it", n.ID)
 	}
 	if err := o.makeRoom(n.ID, fo.N, o.estimate(n)); err != nil {
 		return nil, err
@@ -173,7 +172,7 @@ func (m *Manager) Prepare(ctx context.Context, treeRef, node string, refresh boo
 			return nil
 		}
 		if n.State != StateLive {
-			return fmt.Errorf("prepare %s: it is %s; resume it first", n.ID, n.State)
+			return invalidState("prepare %s: it is %s; resume it first", n.ID, n.State)
 		}
 		old := n.Keyframe
 		k, err := fork.Prepare(ctx, o.trt, c, fork.PrepareOptions{KSM: o.t.KSM})
@@ -217,7 +216,7 @@ func (m *Manager) Rollback(ctx context.Context, treeRef, node, name, label strin
 			}
 			defer fork.RemoveSnapshot(s)
 		default:
-			return fmt.Errorf("rollback %s: it has no keyframe and is not suspended: nothing earlier to branch from (prepare it first)", n.ID)
+			return invalidState("rollback %s: it has no keyframe and is not suspended: nothing earlier to branch from (prepare it first)", n.ID)
 		}
 		if err := o.makeRoom(n.ID, 1, o.estimate(n)); err != nil {
 			return err

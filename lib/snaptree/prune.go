@@ -156,13 +156,13 @@ func (m *Manager) SetBudget(ctx context.Context, treeRef string, b Budget) (*Tre
 		}
 		// The suspensions write their deltas under the new budget (the plan fitted them
 		// to its disk bound); one that fails leaves the old budget in force.
-		old := o.t.Budget
+		old, evs := o.t.Budget, len(o.evs)
 		o.t.Budget = b
+		o.event("budget", "")
 		if err := o.execute(plan, "evict"); err != nil {
-			o.t.Budget = old
+			o.t.Budget, o.evs = old, o.evs[:evs]
 			return err
 		}
-		o.event("budget", "")
 		// Evicted first: a lower memory limit than the group's charge would fail.
 		if err := o.autoEvict(); err != nil {
 			return err

@@ -40,7 +40,7 @@ func (o *op) suspend(id string) error {
 		return err
 	}
 	if n.State != StateLive {
-		return fmt.Errorf("suspend %s: it is %s", id, n.State)
+		return invalidState("suspend %s: it is %s; only a live node can be suspended", id, n.State)
 	}
 	ram := n.RAMBytes
 	// Disk headroom for what is about to be written (its RAM and family at most).
@@ -79,7 +79,7 @@ func (o *op) suspend(id string) error {
 	}
 	// tree.json names the packed copy before the tmpfs one goes (a crash in between
 	// leaves both).
-	if err := o.t.Save(); err != nil {
+	if err := o.save(); err != nil {
 		return err
 	}
 	if err := fork.RemoveSnapshot(s); err != nil {
@@ -111,7 +111,7 @@ func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tre
 				s, _ = fork.LoadSnapshot(c.Snapshot)
 			}
 			if s == nil {
-				return fmt.Errorf("resume %s: it is %s and has no snapshot to resume from (prune it)", n.ID, n.State)
+				return invalidState("resume %s: it is %s and has no snapshot to resume from (prune it)", n.ID, n.State)
 			}
 		}
 		plan, err := budgetTree(o.t).PlanResume(n.ID, n.RAMBytes)
