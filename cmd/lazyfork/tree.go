@@ -11,6 +11,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/budget"
+	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
 )
@@ -58,7 +59,7 @@ func (b budgetFlags) budget() (*snaptree.Budget, error) {
 		}
 		n, err := parseBytes(f.val)
 		if err != nil {
-			return nil, fmt.Errorf("%s %q: give a positive size in bytes or with a k, m or g suffix, e.g. 512m", f.flag, f.val)
+			return nil, exitcode.With(fmt.Errorf("%s %q: give a positive size in bytes or with a k, m or g suffix, e.g. 512m", f.flag, f.val), exitcode.Usage)
 		}
 		*f.dst = n
 	}

@@ -98,8 +98,8 @@ func TestTreeCLI(t *testing.T) {
 	for cmd, want := range map[string]int{
 		"lazyfork tree nodes nosuch":                                        3,
 		"lazyfork tree fork t1 nosuch":                                      3,
-		"lazyfork tree create lazyfork/debian:bookworm --max-ram 0 -- true": 1,
-		"lazyfork tree fork t1 -n 0":                                        1,
+		"lazyfork tree create lazyfork/debian:bookworm --max-ram 0 -- true": 2,
+		"lazyfork tree fork t1 -n 0":                                        2,
 	} {
 		_, errOut, code := e.sh(cmd)
 		if code != want || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
