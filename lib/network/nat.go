@@ -38,37 +38,17 @@ func GuardBridge(bridge string) error {
 	if err := CheckBridge(bridge); err != nil {
 		return err
 	}
-	unlock, err := natLock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("guard bridge %s: %w", bridge, err)
-	}
-	defer c.CloseLasting()
-	t, _, fwd := chains(c)
-	existing, err := comments(c, t, fwd)
-	if err != nil {
-		return fmt.Errorf("guard bridge %s: %w", bridge, err)
-	}
-	if existing[bridgeComment(bridge)] {
-		return nil
-	}
-	// Not what stays on the bridge: with br_netfilter loaded, bridged packets between two
-	// containers pass the forward hook too, in and out by the bridge.
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, UserData: comment(bridgeComment(bridge)), Exprs: []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
-		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(bridge)},
-		&expr.Verdict{Kind: expr.VerdictDrop},
-	}})
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("guard bridge %s: %w", bridge, err)
-	}
-	return nil
+	return ensureRules("guard bridge "+bridge, bridgeComment(bridge), func(c *nftables.Conn, t *nftables.Table, _, fwd *nftables.Chain) {
+		// Not what stays on the bridge: with br_netfilter loaded, bridged packets between
+		// two containers pass the forward hook too, in and out by the bridge.
+		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, UserData: comment(bridgeComment(bridge)), Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
+			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(bridge)},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}})
+	})
 }
 
 // AddNAT masquerades what the container id (address addr, on bridge) sends through any
@@ -85,44 +65,53 @@ func AddNAT(id, bridge, addr string) error {
 	if err != nil || !p.Addr().Is4() {
 		return fmt.Errorf("nat %s: bad address %q", id, addr)
 	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("nat %s: turn on ip_forward: %w", id, err)
+	}
+	// A swapped or restarted source finds its rules still there.
+	return ensureRules("nat "+id, natComment(id), func(c *nftables.Conn, t *nftables.Table, nat, fwd *nftables.Chain) {
+		src := p.Addr().As4()
+		saddr := []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: src[:]},
+		}
+		c.AddRule(&nftables.Rule{Table: t, Chain: nat, UserData: comment(natComment(id)), Exprs: append(append([]expr.Any{}, saddr...),
+			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(bridge)},
+			&expr.Masq{},
+		)})
+		// Accepts go first, the bridge's drop last.
+		c.InsertRule(&nftables.Rule{Table: t, Chain: fwd, UserData: comment(natComment(id)), Exprs: append([]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
+		}, append(saddr, &expr.Verdict{Kind: expr.VerdictAccept})...)})
+	})
+}
+
+// ensureRules runs add under the NAT lock with LazyFork's table and chains (created if
+// missing), unless a rule with comment marker is there already: adding is idempotent.
+func ensureRules(what, marker string, add func(c *nftables.Conn, t *nftables.Table, nat, fwd *nftables.Chain)) error {
 	unlock, err := natLock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
-		return fmt.Errorf("nat %s: turn on ip_forward: %w", id, err)
-	}
 	c, err := nftables.New()
 	if err != nil {
-		return fmt.Errorf("nat %s: %w", id, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	defer c.CloseLasting()
 	t, nat, fwd := chains(c)
-	existing, err := comments(c, t, fwd)
+	existing, err := comments(c, t)
 	if err != nil {
-		return fmt.Errorf("nat %s: %w", id, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	if existing[natComment(id)] {
-		return nil // a swapped or restarted source: its rules stayed
+	if existing[marker] {
+		return nil
 	}
-	src := p.Addr().As4()
-	saddr := []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: src[:]},
-	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: nat, UserData: comment(natComment(id)), Exprs: append(append([]expr.Any{}, saddr...),
-		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(bridge)},
-		&expr.Masq{},
-	)})
-	// Accepts go first, the bridge's drop last.
-	c.InsertRule(&nftables.Rule{Table: t, Chain: fwd, UserData: comment(natComment(id)), Exprs: append([]expr.Any{
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
-	}, append(saddr, &expr.Verdict{Kind: expr.VerdictAccept})...)})
+	add(c, t, nat, fwd)
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nat %s: add rules: %w", id, err)
+		return fmt.Errorf("%s: add rules: %w", what, err)
 	}
 	return nil
 }
@@ -156,16 +145,9 @@ func removeRules(which string) error {
 		return fmt.Errorf("remove %q rules: %w", which, err)
 	}
 	defer c.CloseLasting()
-	t, err := c.ListTableOfFamily(natTable, nftables.TableFamilyIPv4)
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		return fmt.Errorf("remove %q rules: %w", which, err)
-	}
-	rules, err := tableRules(c, t)
-	if err != nil {
-		return fmt.Errorf("remove %q rules: %w", which, err)
+	t, rules, err := ourRules(c)
+	if t == nil || err != nil {
+		return wrapIf(err, "remove %q rules", which)
 	}
 	empty := true
 	for _, r := range rules {
@@ -194,22 +176,32 @@ func NATRules() ([]string, error) {
 		return nil, err
 	}
 	defer c.CloseLasting()
-	t, err := c.ListTableOfFamily(natTable, nftables.TableFamilyIPv4)
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	rules, err := tableRules(c, t)
-	if err != nil {
-		return nil, err
-	}
+	_, rules, err := ourRules(c)
 	var out []string
 	for _, r := range rules {
 		out = append(out, ruleComment(r))
 	}
-	return out, nil
+	return out, err
+}
+
+// ourRules reads LazyFork's table and its rules; a nil table when there is none.
+func ourRules(c *nftables.Conn) (*nftables.Table, []*nftables.Rule, error) {
+	t, err := c.ListTableOfFamily(natTable, nftables.TableFamilyIPv4)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	rules, err := tableRules(c, t)
+	return t, rules, err
+}
+
+func wrapIf(err error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf(format+": %w", append(args, err)...)
 }
 
 // chains queues the table and its two chains (created if missing, kept if present).
@@ -225,7 +217,7 @@ func chains(c *nftables.Conn) (*nftables.Table, *nftables.Chain, *nftables.Chain
 
 // comments are those of the rules already in the table (the queued table and chains are
 // sent first, so a missing table is created, then read back empty).
-func comments(c *nftables.Conn, t *nftables.Table, _ *nftables.Chain) (map[string]bool, error) {
+func comments(c *nftables.Conn, t *nftables.Table) (map[string]bool, error) {
 	if err := c.Flush(); err != nil {
 		return nil, fmt.Errorf("create table %s: %w", natTable, err)
 	}
