@@ -91,27 +91,35 @@ func AddNAT(id, bridge, addr string) error {
 // ensureRules runs add under the NAT lock with LazyFork's table and chains (created if
 // missing), unless a rule with comment marker is there already: adding is idempotent.
 func ensureRules(what, marker string, add func(c *nftables.Conn, t *nftables.Table, nat, fwd *nftables.Chain)) error {
+	return locked(what, func(c *nftables.Conn) error {
+		t, nat, fwd := chains(c)
+		existing, err := comments(c, t)
+		if err != nil || existing[marker] {
+			return err
+		}
+		add(c, t, nat, fwd)
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("add rules: %w", err)
+		}
+		return nil
+	})
+}
+
+// locked runs f on a netlink connection under the NAT lock; what names the change in
+// f's error.
+func locked(what string, f func(c *nftables.Conn) error) error {
 	unlock, err := natLock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	c, err := nftables.New()
+	if err == nil {
+		defer c.CloseLasting()
+		err = f(c)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
-	}
-	defer c.CloseLasting()
-	t, nat, fwd := chains(c)
-	existing, err := comments(c, t)
-	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	if existing[marker] {
-		return nil
-	}
-	add(c, t, nat, fwd)
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("%s: add rules: %w", what, err)
 	}
 	return nil
 }
@@ -135,37 +143,26 @@ func UnguardBridge(bridge string) error {
 }
 
 func removeRules(which string) error {
-	unlock, err := natLock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("remove %q rules: %w", which, err)
-	}
-	defer c.CloseLasting()
-	t, rules, err := ourRules(c)
-	if t == nil || err != nil {
-		return wrapIf(err, "remove %q rules", which)
-	}
-	empty := true
-	for _, r := range rules {
-		if ruleComment(r) != which {
-			empty = false
-			continue
+	return locked(fmt.Sprintf("remove %q rules", which), func(c *nftables.Conn) error {
+		t, rules, err := ourRules(c)
+		if t == nil || err != nil {
+			return err
 		}
-		if err := c.DelRule(r); err != nil {
-			return fmt.Errorf("remove %q rules: %w", which, err)
+		empty := true
+		for _, r := range rules {
+			if ruleComment(r) != which {
+				empty = false
+				continue
+			}
+			if err := c.DelRule(r); err != nil {
+				return err
+			}
 		}
-	}
-	if empty {
-		c.DelTable(t)
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("remove %q rules: %w", which, err)
-	}
-	return nil
+		if empty {
+			c.DelTable(t)
+		}
+		return c.Flush()
+	})
 }
 
 // NATRules lists the comments of LazyFork's NAT rules on this host ("lazyfork nat <id>",
@@ -195,13 +192,6 @@ func ourRules(c *nftables.Conn) (*nftables.Table, []*nftables.Rule, error) {
 	}
 	rules, err := tableRules(c, t)
 	return t, rules, err
-}
-
-func wrapIf(err error, format string, args ...any) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf(format+": %w", append(args, err)...)
 }
 
 // chains queues the table and its two chains (created if missing, kept if present).
