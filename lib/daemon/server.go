@@ -96,27 +96,35 @@ func NewServer(svc *Service, cfg Config) *Server {
 		}
 		s.access = a
 	}
+	ref := func(r *http.Request) string { return r.PathValue("ref") }
 	routes := map[string]http.HandlerFunc{
-		"GET /v1/ping":                           s.ping,
-		"GET /v1/status":                         s.status,
-		"GET /v1/events":                         s.events,
-		"GET /v1/tree":                           s.tree,
-		"GET /v1/containers":                     s.list,
-		"POST /v1/containers":                    s.create,
-		"GET /v1/containers/{ref}":               s.get,
-		"DELETE /v1/containers/{ref}":            s.delete,
-		"POST /v1/containers/{ref}/fork":         s.fork,
-		"POST /v1/containers/{ref}/cluster-fork": s.clusterFork,
-		"POST /v1/containers/{ref}/exec":         s.exec,
-		"POST /v1/containers/{ref}/stop":         s.stopContainer,
-		"POST /v1/containers/{ref}/start":        s.start,
-		"POST /v1/containers/{ref}/freeze":       s.freeze,
-		"POST /v1/containers/{ref}/thaw":         s.thaw,
-		"GET /v1/containers/{ref}/stats":         s.stats,
-		"GET /v1/containers/{ref}/logs":          s.logs,
-		"POST /v1/gc":                            s.gc,
-		"POST /v1/clean":                         s.clean,
-		"POST /v1/shutdown":                      s.shutdown,
+		"GET /v1/ping":                   s.ping,
+		"GET /v1/status":                 query(func(r *http.Request) (any, error) { return s.svc.Status(r.Context()) }),
+		"GET /v1/events":                 s.events,
+		"GET /v1/tree":                   query(func(r *http.Request) (any, error) { return s.svc.Tree(r.Context()) }),
+		"GET /v1/containers":             query(func(r *http.Request) (any, error) { return s.svc.List(r.Context()) }),
+		"POST /v1/containers":            s.create,
+		"GET /v1/containers/{ref}":       query(func(r *http.Request) (any, error) { return s.svc.Get(r.Context(), ref(r)) }),
+		"DELETE /v1/containers/{ref}":    s.delete,
+		"POST /v1/containers/{ref}/fork": s.fork,
+		"POST /v1/containers/{ref}/cluster-fork": withBody(s, http.StatusOK, true, func(r *http.Request, req client.ClusterForkRequest) (any, error) {
+			return s.svc.ClusterFork(r.Context(), ref(r), req)
+		}),
+		"POST /v1/containers/{ref}/exec": s.exec,
+		"POST /v1/containers/{ref}/stop": withBody(s, http.StatusOK, true, func(r *http.Request, req client.StopRequest) (any, error) {
+			return s.svc.Stop(r.Context(), ref(r), req)
+		}),
+		"POST /v1/containers/{ref}/start":  s.action(func(r *http.Request) (any, error) { return s.svc.Start(r.Context(), ref(r)) }),
+		"POST /v1/containers/{ref}/freeze": s.freeze,
+		"POST /v1/containers/{ref}/thaw":   s.thaw,
+		"GET /v1/containers/{ref}/stats":   query(func(r *http.Request) (any, error) { return s.svc.Stats(r.Context(), ref(r)) }),
+		"GET /v1/containers/{ref}/logs":    s.logs,
+		"POST /v1/gc":                      s.gc,
+		"POST /v1/clean": s.action(func(r *http.Request) (any, error) {
+			ids, err := s.svc.Clean(context.WithoutCancel(r.Context()))
+			return client.CleanResult{Deleted: ids}, err
+		}),
+		"POST /v1/shutdown": s.shutdown,
 	}
 	for pattern, h := range s.treeRoutes() {
 		routes[pattern] = h
@@ -266,31 +274,6 @@ func (s *Server) ping(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.svc.Daemon)
 }
 
-func (s *Server) status(w http.ResponseWriter, r *http.Request) {
-	st, err := s.svc.Status(r.Context())
-	reply(w, http.StatusOK, st, err)
-}
-
-func (s *Server) list(w http.ResponseWriter, r *http.Request) {
-	rows, err := s.svc.List(r.Context())
-	reply(w, http.StatusOK, rows, err)
-}
-
-func (s *Server) tree(w http.ResponseWriter, r *http.Request) {
-	t, err := s.svc.Tree(r.Context())
-	reply(w, http.StatusOK, t, err)
-}
-
-func (s *Server) get(w http.ResponseWriter, r *http.Request) {
-	in, err := s.svc.Get(r.Context(), r.PathValue("ref"))
-	reply(w, http.StatusOK, in, err)
-}
-
-func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
-	st, err := s.svc.Stats(r.Context(), r.PathValue("ref"))
-	reply(w, http.StatusOK, st, err)
-}
-
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	var req client.CreateRequest
 	if !s.body(w, r, &req, false) {
@@ -346,32 +329,6 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	emit(client.ForkProgress{Result: res})
-}
-
-func (s *Server) stopContainer(w http.ResponseWriter, r *http.Request) {
-	var req client.StopRequest
-	if !s.body(w, r, &req, true) {
-		return
-	}
-	in, err := s.svc.Stop(r.Context(), r.PathValue("ref"), req)
-	reply(w, http.StatusOK, in, err)
-}
-
-func (s *Server) clusterFork(w http.ResponseWriter, r *http.Request) {
-	var req client.ClusterForkRequest
-	if !s.body(w, r, &req, true) {
-		return
-	}
-	res, err := s.svc.ClusterFork(r.Context(), r.PathValue("ref"), req)
-	reply(w, http.StatusOK, res, err)
-}
-
-func (s *Server) start(w http.ResponseWriter, r *http.Request) {
-	if !s.noBody(w, r) {
-		return
-	}
-	in, err := s.svc.Start(r.Context(), r.PathValue("ref"))
-	reply(w, http.StatusOK, in, err)
 }
 
 func (s *Server) freeze(w http.ResponseWriter, r *http.Request) {
@@ -468,14 +425,6 @@ func (s *Server) gc(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
-}
-
-func (s *Server) clean(w http.ResponseWriter, r *http.Request) {
-	if !s.noBody(w, r) {
-		return
-	}
-	ids, err := s.svc.Clean(context.WithoutCancel(r.Context()))
-	reply(w, http.StatusOK, client.CleanResult{Deleted: ids}, err)
 }
 
 func (s *Server) shutdown(w http.ResponseWriter, r *http.Request) {

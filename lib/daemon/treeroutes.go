@@ -9,146 +9,49 @@ import (
 
 // treeRoutes are the snapshot-tree routes (docs/api.md, "Snapshot trees").
 func (s *Server) treeRoutes() map[string]http.HandlerFunc {
+	tree := func(r *http.Request) string { return r.PathValue("tree") }
+	node := func(r *http.Request) string { return r.PathValue("node") }
 	return map[string]http.HandlerFunc{
-		"GET /v1/trees":                                s.listTrees,
-		"POST /v1/trees":                               s.createTree,
-		"GET /v1/trees/{tree}":                         s.getTree,
-		"DELETE /v1/trees/{tree}":                      s.dropTree,
-		"GET /v1/trees/{tree}/nodes":                   s.treeNodes,
-		"GET /v1/trees/{tree}/watch":                   s.watchTree,
-		"POST /v1/trees/{tree}/evict":                  s.evictTree,
-		"POST /v1/trees/{tree}/budget":                 s.setTreeBudget,
-		"GET /v1/trees/{tree}/nodes/{node}":            s.treeNode,
-		"DELETE /v1/trees/{tree}/nodes/{node}":         s.pruneNode,
-		"POST /v1/trees/{tree}/nodes/{node}/fork":      s.forkNode,
-		"POST /v1/trees/{tree}/nodes/{node}/prepare":   s.prepareNode,
-		"POST /v1/trees/{tree}/nodes/{node}/rollback":  s.rollbackNode,
-		"POST /v1/trees/{tree}/nodes/{node}/suspend":   s.suspendNode,
-		"POST /v1/trees/{tree}/nodes/{node}/resume":    s.resumeNode,
-		"POST /v1/trees/{tree}/nodes/{node}/protect":   s.protectNode,
-		"POST /v1/trees/{tree}/nodes/{node}/unprotect": s.unprotectNode,
+		"GET /v1/trees": query(func(r *http.Request) (any, error) { return s.svc.ListTrees(r.Context()) }),
+		"POST /v1/trees": withBody(s, http.StatusCreated, false, func(r *http.Request, req client.TreeCreateRequest) (any, error) {
+			return s.svc.CreateTree(r.Context(), req)
+		}),
+		"GET /v1/trees/{tree}":        query(func(r *http.Request) (any, error) { return s.svc.GetTree(r.Context(), tree(r)) }),
+		"DELETE /v1/trees/{tree}":     s.action(func(r *http.Request) (any, error) { return s.svc.DropTree(r.Context(), tree(r)) }),
+		"GET /v1/trees/{tree}/nodes":  query(func(r *http.Request) (any, error) { return s.svc.TreeNodes(r.Context(), tree(r)) }),
+		"GET /v1/trees/{tree}/watch":  s.watchTree,
+		"POST /v1/trees/{tree}/evict": s.action(func(r *http.Request) (any, error) { return s.svc.EvictTree(r.Context(), tree(r)) }),
+		"POST /v1/trees/{tree}/budget": withBody(s, http.StatusOK, false, func(r *http.Request, req client.TreeBudgetRequest) (any, error) {
+			return s.svc.SetTreeBudget(r.Context(), tree(r), req)
+		}),
+		"GET /v1/trees/{tree}/nodes/{node}": query(func(r *http.Request) (any, error) {
+			return s.svc.TreeNode(r.Context(), tree(r), node(r))
+		}),
+		"DELETE /v1/trees/{tree}/nodes/{node}": s.action(func(r *http.Request) (any, error) {
+			return s.svc.PruneNode(r.Context(), tree(r), node(r))
+		}),
+		"POST /v1/trees/{tree}/nodes/{node}/fork": withBody(s, http.StatusOK, true, func(r *http.Request, req client.TreeForkRequest) (any, error) {
+			return s.svc.ForkNode(r.Context(), tree(r), node(r), req)
+		}),
+		"POST /v1/trees/{tree}/nodes/{node}/prepare": withBody(s, http.StatusOK, true, func(r *http.Request, req client.TreePrepareRequest) (any, error) {
+			return s.svc.PrepareNode(r.Context(), tree(r), node(r), req)
+		}),
+		"POST /v1/trees/{tree}/nodes/{node}/rollback": withBody(s, http.StatusOK, true, func(r *http.Request, req client.TreeRollbackRequest) (any, error) {
+			return s.svc.RollbackNode(r.Context(), tree(r), node(r), req)
+		}),
+		"POST /v1/trees/{tree}/nodes/{node}/suspend": s.action(func(r *http.Request) (any, error) {
+			return s.svc.SuspendNode(r.Context(), tree(r), node(r))
+		}),
+		"POST /v1/trees/{tree}/nodes/{node}/resume": s.action(func(r *http.Request) (any, error) {
+			return s.svc.ResumeNode(r.Context(), tree(r), node(r))
+		}),
+		"POST /v1/trees/{tree}/nodes/{node}/protect": s.action(func(r *http.Request) (any, error) {
+			return s.svc.ProtectNode(r.Context(), tree(r), node(r), true)
+		}),
+		"POST /v1/trees/{tree}/nodes/{node}/unprotect": s.action(func(r *http.Request) (any, error) {
+			return s.svc.ProtectNode(r.Context(), tree(r), node(r), false)
+		}),
 	}
-}
-
-func (s *Server) listTrees(w http.ResponseWriter, r *http.Request) {
-	all, err := s.svc.ListTrees(r.Context())
-	reply(w, http.StatusOK, all, err)
-}
-
-func (s *Server) createTree(w http.ResponseWriter, r *http.Request) {
-	var req client.TreeCreateRequest
-	if !s.body(w, r, &req, false) {
-		return
-	}
-	t, err := s.svc.CreateTree(r.Context(), req)
-	reply(w, http.StatusCreated, t, err)
-}
-
-func (s *Server) getTree(w http.ResponseWriter, r *http.Request) {
-	t, err := s.svc.GetTree(r.Context(), r.PathValue("tree"))
-	reply(w, http.StatusOK, t, err)
-}
-
-func (s *Server) dropTree(w http.ResponseWriter, r *http.Request) {
-	if !s.noBody(w, r) {
-		return
-	}
-	res, err := s.svc.DropTree(r.Context(), r.PathValue("tree"))
-	reply(w, http.StatusOK, res, err)
-}
-
-func (s *Server) treeNodes(w http.ResponseWriter, r *http.Request) {
-	nodes, err := s.svc.TreeNodes(r.Context(), r.PathValue("tree"))
-	reply(w, http.StatusOK, nodes, err)
-}
-
-func (s *Server) treeNode(w http.ResponseWriter, r *http.Request) {
-	n, err := s.svc.TreeNode(r.Context(), r.PathValue("tree"), r.PathValue("node"))
-	reply(w, http.StatusOK, n, err)
-}
-
-func (s *Server) evictTree(w http.ResponseWriter, r *http.Request) {
-	if !s.noBody(w, r) {
-		return
-	}
-	res, err := s.svc.EvictTree(r.Context(), r.PathValue("tree"))
-	reply(w, http.StatusOK, res, err)
-}
-
-func (s *Server) setTreeBudget(w http.ResponseWriter, r *http.Request) {
-	var req client.TreeBudgetRequest
-	if !s.body(w, r, &req, false) {
-		return
-	}
-	res, err := s.svc.SetTreeBudget(r.Context(), r.PathValue("tree"), req)
-	reply(w, http.StatusOK, res, err)
-}
-
-func (s *Server) forkNode(w http.ResponseWriter, r *http.Request) {
-	var req client.TreeForkRequest
-	if !s.body(w, r, &req, true) {
-		return
-	}
-	res, err := s.svc.ForkNode(r.Context(), r.PathValue("tree"), r.PathValue("node"), req)
-	reply(w, http.StatusOK, res, err)
-}
-
-func (s *Server) prepareNode(w http.ResponseWriter, r *http.Request) {
-	var req client.TreePrepareRequest
-	if !s.body(w, r, &req, true) {
-		return
-	}
-	res, err := s.svc.PrepareNode(r.Context(), r.PathValue("tree"), r.PathValue("node"), req)
-	reply(w, http.StatusOK, res, err)
-}
-
-func (s *Server) rollbackNode(w http.ResponseWriter, r *http.Request) {
-	var req client.TreeRollbackRequest
-	if !s.body(w, r, &req, true) {
-		return
-	}
-	res, err := s.svc.RollbackNode(r.Context(), r.PathValue("tree"), r.PathValue("node"), req)
-	reply(w, http.StatusOK, res, err)
-}
-
-func (s *Server) suspendNode(w http.ResponseWriter, r *http.Request) {
-	if !s.noBody(w, r) {
-		return
-	}
-	res, err := s.svc.SuspendNode(r.Context(), r.PathValue("tree"), r.PathValue("node"))
-	reply(w, http.StatusOK, res, err)
-}
-
-func (s *Server) resumeNode(w http.ResponseWriter, r *http.Request) {
-	if !s.noBody(w, r) {
-		return
-	}
-	res, err := s.svc.ResumeNode(r.Context(), r.PathValue("tree"), r.PathValue("node"))
-	reply(w, http.StatusOK, res, err)
-}
-
-func (s *Server) protectNode(w http.ResponseWriter, r *http.Request) {
-	if !s.noBody(w, r) {
-		return
-	}
-	res, err := s.svc.ProtectNode(r.Context(), r.PathValue("tree"), r.PathValue("node"), true)
-	reply(w, http.StatusOK, res, err)
-}
-
-func (s *Server) unprotectNode(w http.ResponseWriter, r *http.Request) {
-	if !s.noBody(w, r) {
-		return
-	}
-	res, err := s.svc.ProtectNode(r.Context(), r.PathValue("tree"), r.PathValue("node"), false)
-	reply(w, http.StatusOK, res, err)
-}
-
-func (s *Server) pruneNode(w http.ResponseWriter, r *http.Request) {
-	if !s.noBody(w, r) {
-		return
-	}
-	res, err := s.svc.PruneNode(r.Context(), r.PathValue("tree"), r.PathValue("node"))
-	reply(w, http.StatusOK, res, err)
 }
 
 // watchTree streams the tree as it is, then one event per mutation of it, as JSON lines,
