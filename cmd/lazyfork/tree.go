@@ -167,12 +167,10 @@ func printTree(t *snaptree.Tree, err error, asJSON bool) error {
 	if err != nil {
 		return err
 	}
-	if asJSON {
-		return printJSON(t)
+	if !asJSON {
+		fmt.Fprintf(os.Stderr, "lazyfork: tree %s rooted at %s (keyframe %s)\n", t.ID, t.Root, t.Nodes[t.Root].Keyframe)
 	}
-	fmt.Println(t.ID)
-	fmt.Fprintf(os.Stderr, "lazyfork: tree %s rooted at %s (keyframe %s)\n", t.ID, t.Root, t.Nodes[t.Root].Keyframe)
-	return nil
+	return printResult(t, t.ID, asJSON)
 }
 
 type treeLsCmd struct {
@@ -293,10 +291,15 @@ func (c *treePrepareCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	if c.JSON {
-		return printJSON(n)
+	return printResult(n, n.Keyframe, c.JSON)
+}
+
+// printResult prints an operation's result: the document with --json, else line (an id).
+func printResult(v any, line string, asJSON bool) error {
+	if asJSON {
+		return printJSON(v)
 	}
-	fmt.Println(n.Keyframe)
+	fmt.Println(line)
 	return nil
 }
 
@@ -327,43 +330,51 @@ type treeNodeCmd struct {
 	JSON bool   `help:"Print the result as JSON."`
 }
 
+// nodeOps are the operations on one node that answer with the node, by verb.
+var nodeOps = map[string]func(m treeOps, ctx context.Context, tree, node string) (*snaptree.Node, *snaptree.Tree, error){
+	"suspend": treeOps.Suspend,
+	"resume":  treeOps.Resume,
+	"protect": func(m treeOps, ctx context.Context, tree, node string) (*snaptree.Node, *snaptree.Tree, error) {
+		return m.Protect(ctx, tree, node, true)
+	},
+	"unprotect": func(m treeOps, ctx context.Context, tree, node string) (*snaptree.Node, *snaptree.Tree, error) {
+		return m.Protect(ctx, tree, node, false)
+	},
+}
+
 func (c *treeNodeCmd) Run(ctx context.Context, g *Globals, k *kong.Context) error {
 	m, err := g.manager()
 	if err != nil {
 		return err
 	}
-	var n *snaptree.Node
-	switch verb := verb(k); verb {
-	case "suspend":
-		n, _, err = m.Suspend(ctx, c.Tree, c.Node)
-	case "resume":
-		n, _, err = m.Resume(ctx, c.Tree, c.Node)
-	case "protect", "unprotect":
-		n, _, err = m.Protect(ctx, c.Tree, c.Node, verb == "protect")
-	case "prune":
-		res, _, err := m.Prune(ctx, c.Tree, c.Node)
-		if err != nil {
-			return err
-		}
-		if c.JSON {
-			return printJSON(res)
-		}
-		for _, id := range res.Pruned {
-			fmt.Println(id)
-		}
-		fmt.Fprintf(os.Stderr, "lazyfork: pruned %d nodes; freed %s of tmpfs and %s of disk\n", len(res.Pruned),
-			budget.Bytes(res.TmpfsFreed), budget.Bytes(res.DiskFreed))
-		return nil
-	default:
+	verb := verb(k)
+	if verb == "prune" {
+		return c.prune(ctx, m)
+	}
+	op, ok := nodeOps[verb]
+	if !ok {
 		return fmt.Errorf("tree %s: unknown operation", verb)
 	}
+	n, _, err := op(m, ctx, c.Tree, c.Node)
+	if err != nil {
+		return err
+	}
+	return printResult(n, n.ID, c.JSON)
+}
+
+func (c *treeNodeCmd) prune(ctx context.Context, m treeOps) error {
+	res, _, err := m.Prune(ctx, c.Tree, c.Node)
 	if err != nil {
 		return err
 	}
 	if c.JSON {
-		return printJSON(n)
+		return printJSON(res)
 	}
-	fmt.Println(n.ID)
+	for _, id := range res.Pruned {
+		fmt.Println(id)
+	}
+	fmt.Fprintf(os.Stderr, "lazyfork: pruned %d nodes; freed %s of tmpfs and %s of disk\n", len(res.Pruned),
+		budget.Bytes(res.TmpfsFreed), budget.Bytes(res.DiskFreed))
 	return nil
 }
 
@@ -445,9 +456,5 @@ func (c *treeSetBudgetCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	if c.JSON {
-		return printJSON(t)
-	}
-	fmt.Println(t.ID)
-	return nil
+	return printResult(t, t.ID, c.JSON)
 }
