@@ -149,3 +149,21 @@ func readInt(path string) (int64, error) {
 	}
 	return v, nil
 }
+
+// MergeableVMAs counts the mappings of pids that KSM may merge (MADV_MERGEABLE: "mg" in
+// smaps' VmFlags). A process that exited meanwhile counts 0.
+func MergeableVMAs(pids []int) int {
+	n := 0
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "VmFlags:") && strings.Contains(l+" ", " mg ") {
+				n++
+			}
+		}
+	}
+	return n
+}

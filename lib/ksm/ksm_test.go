@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -93,37 +92,7 @@ func mergeableVMAs(t *testing.T, c *tree.Container) int {
 	if err != nil || len(pids) == 0 {
 		t.Fatalf("processes of %s: %v %v", c.ID, pids, err)
 	}
-	n := 0
-	for _, pid := range pids {
-		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps"))
-		if err != nil {
-			continue // exited
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.HasPrefix(l, "VmFlags:") && strings.Contains(l+" ", " mg ") {
-				n++
-			}
-		}
-	}
-	return n
-}
-
-// setKSM writes v to a ksmd knob and puts the old value back when the test ends.
-func setKSM(t *testing.T, knob, v string) {
-	t.Helper()
-	p := filepath.Join(ksm.SysDir, knob)
-	old, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("ksm knob %s: %v", knob, err)
-	}
-	t.Cleanup(func() {
-		if err := os.WriteFile(p, old, 0o644); err != nil {
-			t.Errorf("restore %s to %s: %v", p, strings.TrimSpace(string(old)), err)
-		}
-	})
-	if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
-		t.Fatalf("set %s to %s: %v", p, v, err)
-	}
+	return ksm.MergeableVMAs(pids)
 }
 
 // Two forks of a ksm tree: their memory is mergeable and, with ksmd running, the pages
@@ -139,8 +108,8 @@ func TestForksMergeWithKSM(t *testing.T) {
 			t.Fatalf("fork %s has no MADV_MERGEABLE mapping", c.ID)
 		}
 	}
-	setKSM(t, "pages_to_scan", "1000") // a full pass of the forks in about a second
-	setKSM(t, "run", "1")
+	testutil.SetKnob(t, filepath.Join(ksm.SysDir, "pages_to_scan"), "1000") // a full pass of the forks in about a second
+	testutil.SetKnob(t, filepath.Join(ksm.SysDir, "run"), "1")
 	merged := map[string]int64{}
 	testutil.Eventually(t, 90*time.Second, "ksmd to merge pages of both forks", func() bool {
 		for _, c := range fs {

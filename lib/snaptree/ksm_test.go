@@ -3,8 +3,6 @@ package snaptree_test
 import (
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -23,16 +21,7 @@ func mergeable(t *testing.T, rt *runtime.Runtime, id string) int {
 		t.Fatal(err)
 	}
 	pids, _ := cg.Procs()
-	n := 0
-	for _, pid := range pids {
-		b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps"))
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.HasPrefix(l, "VmFlags:") && strings.Contains(l+" ", " mg ") {
-				n++
-			}
-		}
-	}
-	return n
+	return ksm.MergeableVMAs(pids)
 }
 
 // A ksm tree: its root's keyframe and its forks map their memory mergeable, and with
@@ -73,8 +62,8 @@ func TestKSMTree(t *testing.T) {
 		}
 		dirty(t, rt, f.ID) // the same bytes in both: 2048 pages to merge
 	}
-	setKSM(t, "pages_to_scan", "1000")
-	setKSM(t, "run", "1")
+	testutil.SetKnob(t, filepath.Join(ksm.SysDir, "pages_to_scan"), "1000")
+	testutil.SetKnob(t, filepath.Join(ksm.SysDir, "run"), "1")
 	var got map[string]int64
 	testutil.Eventually(t, 90*time.Second, "merged pages reported for both forks", func() bool {
 		tr, err := m.Get(ctx, tr.ID)
@@ -88,22 +77,4 @@ func TestKSMTree(t *testing.T) {
 		return got[forks[0].ID] > 0 && got[forks[1].ID] > 0
 	})
 	t.Logf("merged pages per fork: %v", got)
-}
-
-// setKSM writes v to a ksmd knob and puts the old value back when the test ends.
-func setKSM(t *testing.T, knob, v string) {
-	t.Helper()
-	p := filepath.Join(ksm.SysDir, knob)
-	old, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("ksm knob %s: %v", knob, err)
-	}
-	t.Cleanup(func() {
-		if err := os.WriteFile(p, old, 0o644); err != nil {
-			t.Errorf("restore %s: %v", p, err)
-		}
-	})
-	if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
-		t.Fatalf("set %s to %s: %v", p, v, err)
-	}
 }
