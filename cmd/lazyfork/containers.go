@@ -15,6 +15,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/daemon"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
 )
 
@@ -238,7 +239,19 @@ type deleteCmd struct {
 }
 
 func (c *deleteCmd) Run(ctx context.Context, g *Globals) error {
-	return eachContainer(ctx, g, c.Containers, engine.Delete)
+	e, err := g.engine(ctx)
+	if err != nil {
+		return err
+	}
+	// In this process: collect what the containers shared once, after the last of them.
+	if svc, ok := e.(*daemon.Service); ok {
+		var st failures
+		if err := svc.DeleteAll(ctx, c.Containers, st.report); err != nil {
+			st.report("", err)
+		}
+		return st.exit()
+	}
+	return eachContainerOn(ctx, e, c.Containers, engine.Delete)
 }
 
 // eachContainer runs op for every reference and reports every failure, not just the first.
@@ -247,23 +260,40 @@ func eachContainer(ctx context.Context, g *Globals, refs []string, op func(engin
 	if err != nil {
 		return err
 	}
-	// The exit status is the failures' own (lib/exitcode: 3 not found, 4 invalid state,
-	// ...) when they agree, else 1.
-	status := exitcode.OK
+	return eachContainerOn(ctx, e, refs, op)
+}
+
+func eachContainerOn(ctx context.Context, e engine, refs []string, op func(engine, context.Context, string) error) error {
+	var st failures
 	for _, ref := range refs {
-		if err := op(e, ctx, ref); err != nil {
-			fmt.Fprintf(os.Stderr, "lazyfork: %v\n", err)
-			if code := exitcode.Of(err); status == exitcode.OK || status == code {
-				status = code
-			} else {
-				status = exitcode.Failed
-			}
-			continue
-		}
-		fmt.Println(ref)
+		st.report(ref, op(e, ctx, ref))
 	}
-	if status != exitcode.OK {
-		return exitError{status}
+	return st.exit()
+}
+
+// failures prints each reference done (stdout) or its error (stderr) and keeps the exit
+// status: the failures' own (lib/exitcode: 3 not found, 4 invalid state, ...) when they
+// agree, else 1.
+type failures struct{ status int }
+
+func (f *failures) report(ref string, err error) {
+	if err == nil {
+		if ref != "" {
+			fmt.Println(ref)
+		}
+		return
+	}
+	fmt.Fprintf(os.Stderr, "lazyfork: %v\n", err)
+	if code := exitcode.Of(err); f.status == exitcode.OK || f.status == code {
+		f.status = code
+	} else {
+		f.status = exitcode.Failed
+	}
+}
+
+func (f *failures) exit() error {
+	if f.status != exitcode.OK {
+		return exitError{f.status}
 	}
 	return nil
 }

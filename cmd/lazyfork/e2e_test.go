@@ -344,3 +344,29 @@ func TestOverlayAndTreeStagesAlone(t *testing.T) {
 		t.Errorf("lf-tree list: %d lines", n)
 	}
 }
+
+// Several containers in one `lazyfork delete`, with a reference that names none: each one
+// found is deleted and printed, the unknown one is reported with the not-found status, and
+// what they shared (memory files, snapshots) is collected once at the end.
+func TestDeleteSeveralInOneCall(t *testing.T) {
+	e := newEnv(t)
+	e.must("lazyfork create lazyfork/debian:bookworm --name a -- sleep 1000")
+	e.must("lazyfork fork a -n 2")
+	ids := strings.Fields(e.must("lazyfork list -q"))
+	if len(ids) != 3 {
+		t.Fatalf("want a source and 2 forks, got %v", ids)
+	}
+	out, errOut, code := e.sh("lazyfork delete " + strings.Join(ids, " ") + " nope")
+	if code != 3 || !strings.Contains(errOut, `"nope"`) || strings.Count(errOut, "\n") != 1 {
+		t.Errorf("delete with an unknown reference: exit %d, stderr %q; want 3 and one line naming it", code, errOut)
+	}
+	if got := strings.Fields(out); strings.Join(got, " ") != strings.Join(ids, " ") {
+		t.Errorf("delete printed %v, want %v", got, ids)
+	}
+	if left := e.must("lazyfork list -q"); left != "" {
+		t.Errorf("containers left: %s", left)
+	}
+	if left := e.must("ls -A " + e.run + "/families " + e.run + "/snapshots 2>/dev/null | grep -v : || true"); left != "" {
+		t.Errorf("tmpfs files left: %s", left)
+	}
+}

@@ -280,6 +280,23 @@ func (s *Service) Start(ctx context.Context, ref string) (*client.Info, error) {
 
 // Delete ends ref's processes and removes everything it holds; its forks keep running.
 func (s *Service) Delete(ctx context.Context, ref string) error {
+	if err := s.deleteOne(ctx, ref); err != nil {
+		return err
+	}
+	return fork.Collect(s.RT)
+}
+
+// DeleteAll deletes each of refs, telling done how each went, then collects what they
+// shared once: a collection reads every record, so one per container made deleting N
+// containers cost N x N record reads. It returns the collection's error.
+func (s *Service) DeleteAll(ctx context.Context, refs []string, done func(ref string, err error)) error {
+	for _, ref := range refs {
+		done(ref, s.deleteOne(ctx, ref))
+	}
+	return fork.Collect(s.RT)
+}
+
+func (s *Service) deleteOne(ctx context.Context, ref string) error {
 	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
 	if err != nil {
 		return err
@@ -289,7 +306,7 @@ func (s *Service) Delete(ctx context.Context, ref string) error {
 		return err
 	}
 	s.Events.Publish(client.Event{Type: client.EventDelete, ID: c.ID, Name: c.Name})
-	return fork.Collect(s.RT)
+	return nil
 }
 
 // Freeze pauses every process of ref.

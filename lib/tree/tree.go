@@ -237,6 +237,13 @@ func (s *Store) Resolve(ref string) (*Container, error) {
 	if ref == "" {
 		return nil, fmt.Errorf("%w: empty reference", ErrNotFound)
 	}
+	// A whole id names its record directly (no name looks like an id): reading every record
+	// for it made deleting N containers read N records N times.
+	if idRe.MatchString(ref) {
+		if c, err := s.Get(ref); err == nil {
+			return c, nil
+		}
+	}
 	all, err := s.List()
 	if err != nil {
 		return nil, err
