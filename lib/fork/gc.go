@@ -15,12 +15,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/snapshot"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/treedoc"
 )
 
 // GCLockWait bounds how long GC waits for dumps, rewrites and restores in progress to
@@ -117,8 +119,11 @@ func gc(rt *runtime.Runtime, wait time.Duration) error {
 				layers[l] = true
 			}
 		} else if s.Swap {
-			// Its source was deleted since: only the new source's group can be left.
-			errs = append(errs, endGroupNamed(rt, s.Source.ID+"-"+s.ID))
+			// Its source was deleted since: only the new source's group can be left, under
+			// the runtime's parent or, for a tree member, its tree's.
+			for _, parent := range groupParents(rt) {
+				errs = append(errs, endGroupNamed(parent, s.Source.ID+"-"+s.ID))
+			}
 		}
 		errs = append(errs, RemoveSnapshot(s))
 	}
@@ -268,4 +273,17 @@ func sweep(parent string, keep func(string) bool) error {
 // FamilyBytes is the RAM a family's memory files hold on tmpfs.
 func FamilyBytes(family string) int64 {
 	return allocatedPages(filepath.Join(paths.Families(), family)) * 4096
+}
+
+// groupParents are the parents containers' groups are made under: the runtime's, and
+// every snapshot tree's members' (lib/snaptree).
+func groupParents(rt *runtime.Runtime) []string {
+	out := []string{rt.CgroupParent}
+	trees, _ := treedoc.ReadAll()
+	for _, t := range trees {
+		if cg, err := cgroup.LoadOwned(t.Cgroup); err == nil {
+			out = append(out, cgroup.ParentFor(cg))
+		}
+	}
+	return out
 }

@@ -137,7 +137,8 @@ func recoverSwap(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 	newRoot, newWork := filepath.Join(dir, "rootfs-"+s.ID), filepath.Join(dir, "work-"+s.ID)
 	newCgName, oldCgName := c.ID+"-"+s.ID, c.ID
 	var errs []error
-	endGroup := func(name string) { errs = append(errs, endGroupNamed(rt, name)) }
+	parent := groupParent(rt, c)
+	endGroup := func(name string) { errs = append(errs, endGroupNamed(parent, name)) }
 	if c.RootFS != newRoot { // not committed: the old processes stay
 		endGroup(newCgName)
 		if fsutil.IsMountPoint(newRoot) {
@@ -155,7 +156,7 @@ func recoverSwap(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 			errs = append(errs, cg.Thaw())
 		}
 	} else { // committed: the old processes go
-		if cg, err := cgroup.Resolve(oldCgName, rt.CgroupParent); err == nil && !maps.Equal(cg.Paths, c.Cgroup) {
+		if cg, err := cgroup.Resolve(oldCgName, parent); err == nil && !maps.Equal(cg.Paths, c.Cgroup) {
 			endGroup(oldCgName)
 		}
 		old := overlay.Dir(dir, nil)
@@ -172,9 +173,20 @@ func recoverSwap(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 	return nil
 }
 
-// endGroupNamed kills and removes the project's cgroup called name, if it exists.
-func endGroupNamed(rt *runtime.Runtime, name string) error {
-	r, err := cgroup.Resolve(name, rt.CgroupParent)
+// groupParent is where c's groups are: beside the group its record names (a tree
+// member's, old and new, are inside the tree's cgroup, not under the runtime's parent,
+// and a gc may run in another cgroup than the command that made them).
+func groupParent(rt *runtime.Runtime, c *tree.Container) string {
+	if len(c.Cgroup) > 0 {
+		return cgroup.ParentOf(c.Cgroup)
+	}
+	return rt.CgroupParent
+}
+
+// endGroupNamed kills and removes the project's cgroup called name under parent, if it
+// exists.
+func endGroupNamed(parent, name string) error {
+	r, err := cgroup.Resolve(name, parent)
 	if err != nil {
 		return nil
 	}

@@ -60,10 +60,11 @@ func swapSnapshot(src *tree.Container) *stage.Snapshot {
 }
 
 // groupsOf lists the freezer groups named after src (its own, and a new source's
-// "<id>-<snapshot>").
+// "<id>-<snapshot>") beside the group its record names (a tree member's are inside the
+// tree's cgroup).
 func groupsOf(t *testing.T, rt *runtime.Runtime, src *tree.Container) []string {
 	t.Helper()
-	r, err := cgroup.Resolve(src.ID, rt.CgroupParent)
+	r, err := cgroup.Resolve(src.ID, cgroup.ParentOf(src.Cgroup))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +99,10 @@ var swapKillPoints = []killPoint{
 		return s != nil && s.State == stage.SnapMemfiled
 	}},
 	{"restoring", func(rt *runtime.Runtime, src *tree.Container) bool {
-		r, _ := cgroup.Resolve(src.ID, rt.CgroupParent)
+		r, err := cgroup.Resolve(src.ID, cgroup.ParentOf(src.Cgroup))
+		if err != nil {
+			return false
+		}
 		ents, _ := os.ReadDir(filepath.Dir(r.FreezerDir()))
 		for _, e := range ents {
 			if strings.HasPrefix(e.Name(), src.ID+"-s") {

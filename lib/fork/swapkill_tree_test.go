@@ -1,0 +1,88 @@
+package fork_test
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/snaptree"
+	"github.com/lazyfork/lazyfork/lib/testutil"
+)
+
+// A SIGKILL of `lazyfork --local tree fork` in the middle of the swap of a tree member
+// (its first fork writes its keyframe, moving it onto its snapshot) leaves one source
+// running in the tree's cgroup, and `lazyfork gc` finds what the killed command left
+// there (the member's groups are inside the tree's cgroup, not under the default parent).
+func TestKilledTreeForkMidSwap(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	bin := lazyforkBin(t)
+	m := &snaptree.Manager{RT: rt}
+	tr, err := m.Create(ctx, snaptree.CreateOptions{Container: runtime.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", counterPy}}})
+	if err != nil {
+		t.Fatalf("create tree: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := os.Stat(tr.Dir()); err == nil {
+			if _, _, err := m.Prune(ctx, tr.ID, tr.Root); err != nil {
+				t.Errorf("cleanup prune: %v", err)
+			}
+		}
+	})
+	treeCg, err := cgroup.LoadOwned(tr.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := cgroup.ParentFor(treeCg)
+	seen := 0
+	// Not "forking": a tree holds other containers from the start.
+	for _, p := range swapKillPoints[:5] {
+		t.Run(p.name, func(t *testing.T) {
+			nodes, _, err := m.Fork(ctx, tr.ID, tr.Root, snaptree.ForkOptions{N: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			src, err := rt.Tree.Get(nodes[0].ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cgroup.ParentOf(src.Cgroup); got != members {
+				t.Fatalf("member %s's group is under %s, not the tree's %s", src.ID, got, members)
+			}
+			testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 2 })
+			cmd := exec.Command(bin, "tree", "fork", tr.ID, src.ID)
+			cmd.Env = append(os.Environ(), "LAZYFORK_LOCAL=1")
+			if killMidSwap(t, rt, src, p, cmd, func() *os.Process { return cmd.Process }) {
+				seen++
+			}
+			checkOneSource(t, rt, bin, src, nil)
+			if cur, err := rt.Tree.Get(src.ID); err != nil || cgroup.ParentOf(cur.Cgroup) != members {
+				t.Fatalf("after gc the source's group is not in the tree's cgroup: %v %v", cur, err)
+			}
+			// The member and whatever the killed command forked go; the tree stays.
+			if _, _, err := m.Prune(ctx, tr.ID, src.ID); err != nil {
+				t.Fatal(err)
+			}
+			all, _ := rt.Tree.List()
+			for _, c := range all {
+				if c.ID != tr.Root {
+					if err := rt.Delete(c); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if err := fork.GC(rt); err != nil {
+				t.Fatal(err)
+			}
+			if g := groupsOf(t, rt, src); len(g) != 0 {
+				t.Errorf("groups of the pruned member left in the tree's cgroup: %v", g)
+			}
+		})
+	}
+	if seen < 3 {
+		t.Errorf("only %d of 5 kill points were caught before the fork ended", seen)
+	}
+}
