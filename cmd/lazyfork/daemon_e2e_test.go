@@ -6,9 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
 // withDaemon gives the env a socket of its own; the daemon is stopped at the end.
@@ -45,11 +42,7 @@ func TestPorcelainThroughDaemon(t *testing.T) {
 		t.Errorf("daemon status: %s", out)
 	}
 
-	id := e.must("lazyfork create lazyfork/debian:bookworm --name c1 -- " + counter)
-	testutil.Eventually(t, 10*time.Second, "c1 to count", func() bool {
-		out, _, _ := e.sh("lazyfork attach --no-follow c1")
-		return lastLine(out) >= 2
-	})
+	id := e.counting("c1", 2)
 	if got := e.must("lazyfork exec c1 -- hostname"); got != id {
 		t.Errorf("exec hostname %q, want %s", got, id)
 	}

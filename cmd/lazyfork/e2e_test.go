@@ -106,6 +106,18 @@ func (e *env) must(cmd string) string {
 
 const counter = `python3 -c 'import itertools, time; [print(i, flush=True) or time.sleep(0.2) for i in itertools.count()]'`
 
+// counting starts a container called name running counter and waits until it has
+// printed n; it returns the container's id.
+func (e *env) counting(name string, n int) string {
+	e.t.Helper()
+	id := e.must("lazyfork create lazyfork/debian:bookworm --name " + name + " -- " + counter)
+	testutil.Eventually(e.t, 10*time.Second, name+" to count", func() bool {
+		out, _, _ := e.sh("lazyfork attach --no-follow " + name)
+		return lastLine(out) >= n
+	})
+	return id
+}
+
 func lastLine(s string) int {
 	f := strings.Fields(s)
 	if len(f) == 0 {
@@ -120,11 +132,7 @@ func lastLine(s string) int {
 
 func TestShellPipelineForksTen(t *testing.T) {
 	e := newEnv(t)
-	e.must("lazyfork create lazyfork/debian:bookworm --name c1 -- " + counter)
-	testutil.Eventually(t, 10*time.Second, "c1 to count", func() bool {
-		out, _, _ := e.sh("lazyfork attach --no-follow c1")
-		return lastLine(out) >= 3
-	})
+	e.counting("c1", 3)
 	out := e.must("lf-dump c1 | lf-memfile | lf-restore -n 10")
 	lines := strings.Split(out, "\n")
 	if len(lines) != 10 {

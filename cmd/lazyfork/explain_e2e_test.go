@@ -11,9 +11,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
 // docs parses a stage's stdout: one JSON document a line.
@@ -120,11 +117,7 @@ func TestStageExplain(t *testing.T) {
 		return p
 	}
 
-	e.must("lazyfork create lazyfork/debian:bookworm --name c1 -- " + counter)
-	testutil.Eventually(t, 10*time.Second, "c1 to count", func() bool {
-		out, _, _ := e.sh("lazyfork attach --no-follow c1")
-		return lastLine(out) >= 1
-	})
+	e.counting("c1", 1)
 
 	// Two dumps of c1, one explained: the same fields, an account with the dump's numbers.
 	d1 := e.must("lf-dump c1")

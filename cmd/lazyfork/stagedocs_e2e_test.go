@@ -9,9 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
 // docFields reads docs/stages.md: for each document kind (a "## `lazyfork.x`" heading),
@@ -96,11 +93,7 @@ func TestStageDocumentsMatchDocs(t *testing.T) {
 		return p
 	}
 
-	e.must("lazyfork create lazyfork/debian:bookworm --name c1 -- " + counter)
-	testutil.Eventually(t, 10*time.Second, "c1 to count", func() bool {
-		out, _, _ := e.sh("lazyfork attach --no-follow c1")
-		return lastLine(out) >= 1
-	})
+	e.counting("c1", 1)
 	rec := file("c1.json", run("lf-tree get c1"))
 	run("lf-tree list")
 	run("lf-tree put " + rec)

@@ -1,48 +1,21 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/lazyfork/lazyfork/lib/client"
-	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
 // While a daemon runs, `lazyfork tree ...` goes through its tree routes: a client
 // watching the tree sees every command's mutation, in order, with its latency.
 func TestTreeCLIThroughDaemon(t *testing.T) {
 	e := newEnv(t)
-	socket, logPath := e.withDaemon()
-	e.must("lazyfork daemon start")
-	treeID := e.must("lazyfork tree create lazyfork/debian:bookworm --name tw --root-name twr --max-live 3 -- " + counter)
-	t.Cleanup(func() {
-		if out, _, _ := e.sh("lazyfork tree ls --json"); strings.Contains(out, treeID) {
-			if _, errOut, code := e.sh("lazyfork tree prune tw twr"); code != 0 {
-				t.Errorf("cleanup prune: %s", errOut)
-			}
-		}
-	})
-
-	var mu sync.Mutex
-	var msgs []client.TreeWatchMessage
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	done := make(chan error, 1)
-	go func() {
-		done <- client.New(socket).WatchTree(ctx, "tw", func(m client.TreeWatchMessage) error {
-			mu.Lock()
-			msgs = append(msgs, m)
-			mu.Unlock()
-			return nil
-		})
-	}()
-	testutil.Eventually(t, 20*time.Second, "the watch's tree", func() bool { mu.Lock(); defer mu.Unlock(); return len(msgs) > 0 })
+	socket, logPath := e.daemonTree("tw", "twr", "--max-live 3")
+	w := watchTree(t, socket, "tw")
+	w.wait(1, "the watch's tree")
 
 	forks := strings.Fields(e.must("lazyfork tree fork tw -n 2"))
 	if len(forks) != 2 {
@@ -77,16 +50,7 @@ func TestTreeCLIThroughDaemon(t *testing.T) {
 		t.Errorf("fork over max_live through the daemon: exit %d, %q", code, errOut)
 	}
 	e.must("lazyfork tree prune tw twr")
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("watch: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the watch did not end with the tree")
-	}
-	mu.Lock()
-	defer mu.Unlock()
+	msgs := w.end(20*time.Second, "with the tree")
 	var got []string
 	for _, m := range msgs[1:] {
 		if m.Event.LatencyNs <= 0 {

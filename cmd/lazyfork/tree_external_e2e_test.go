@@ -1,16 +1,11 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/lazyfork/lazyfork/lib/client"
-	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
 // A daemon's watchers see the mutations `lazyfork --local tree ...` makes behind its back
@@ -18,40 +13,15 @@ import (
 // command exits with the same status with and without the daemon.
 func TestTreeWatchSeesLocalMutations(t *testing.T) {
 	e := newEnv(t)
-	socket, _ := e.withDaemon()
-	e.must("lazyfork daemon start")
-	treeID := e.must("lazyfork tree create lazyfork/debian:bookworm --name tx --root-name txr -- " + counter)
-	t.Cleanup(func() {
-		if out, _, _ := e.sh("lazyfork tree ls --json"); strings.Contains(out, treeID) {
-			if _, errOut, code := e.sh("lazyfork tree prune tx txr"); code != 0 {
-				t.Errorf("cleanup prune: %s", errOut)
-			}
-		}
-	})
+	socket, _ := e.daemonTree("tx", "txr", "")
 	var doc struct{ Root string }
 	if err := json.Unmarshal([]byte(e.must("lazyfork tree nodes tx --json")), &doc); err != nil || doc.Root == "" {
 		t.Fatalf("tree nodes: %v %+v", err, doc)
 	}
 	root := doc.Root
 
-	var mu sync.Mutex
-	var msgs []client.TreeWatchMessage
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	done := make(chan error, 1)
-	go func() {
-		done <- client.New(socket).WatchTree(ctx, "tx", func(m client.TreeWatchMessage) error {
-			mu.Lock()
-			msgs = append(msgs, m)
-			mu.Unlock()
-			return nil
-		})
-	}()
-	// wait for the watch to hold n messages (the tree, then events).
-	wait := func(n int, what string) {
-		t.Helper()
-		testutil.Eventually(t, 20*time.Second, what, func() bool { mu.Lock(); defer mu.Unlock(); return len(msgs) >= n })
-	}
+	w := watchTree(t, socket, "tx")
+	wait := w.wait
 	wait(1, "the watch's tree")
 
 	forks := strings.Fields(e.must("lazyfork tree fork tx -n 2"))
@@ -91,16 +61,7 @@ func TestTreeWatchSeesLocalMutations(t *testing.T) {
 	f := e.must("lazyfork --local tree fork tx " + b)
 	wait(8, "the local fork's prepare and fork")
 	e.must("lazyfork --local tree prune tx txr")
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("watch: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the watch did not end when a local prune removed the tree")
-	}
-	mu.Lock()
-	defer mu.Unlock()
+	msgs := w.end(30*time.Second, "when a local prune removed the tree")
 	var got []string
 	for _, m := range msgs[1:] {
 		if m.Event == nil {
