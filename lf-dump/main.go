@@ -13,11 +13,11 @@ import (
 	"os"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stagecmd"
 )
 
@@ -39,7 +39,7 @@ func main() {
 }
 
 func run(ctx context.Context, c cli) error {
-	rt, err := runtime.Open()
+	rt, err := container.Open()
 	if err != nil {
 		return err
 	}
@@ -51,7 +51,7 @@ func run(ctx context.Context, c cli) error {
 	}
 	// The container's lock, as the porcelain and the daemon take it: a `lazyfork stop`
 	// of the same container waits for this dump, and this dump for it.
-	ct, unlock, err := guard.Lock(ctx, rt.Tree, ref, c.Wait)
+	ct, unlock, err := guard.Lock(ctx, rt.Containers, ref, c.Wait)
 	if err != nil {
 		return err
 	}

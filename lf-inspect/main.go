@@ -41,11 +41,11 @@ func main() {
 const KindInspect = "lazyfork.inspect"
 
 func run(c cli) error {
-	images, family, err := resolve(c)
+	checkpoint, family, err := resolve(c)
 	if err != nil {
 		return err
 	}
-	rep, err := memfile.Inspect(memfile.Options{ImagesDir: images, FamilyDir: family, ConvertFilePrivate: true})
+	rep, err := memfile.Inspect(memfile.Options{CheckpointDir: checkpoint, FamilyDir: family, ConvertFilePrivate: true})
 	if err != nil {
 		return err
 	}
@@ -66,7 +66,7 @@ func run(c cli) error {
 }
 
 // resolve finds the CRIU image directory and the family directory for the argument.
-func resolve(c cli) (images, family string, err error) {
+func resolve(c cli) (checkpoint, family string, err error) {
 	arg := c.Checkpoint
 	var s *stage.Snapshot
 	switch {
@@ -80,12 +80,12 @@ func resolve(c cli) (images, family string, err error) {
 			return "", "", fmt.Errorf("read snapshot JSON: %w (or name a snapshot or a CRIU image directory)", err)
 		}
 	case exists(filepath.Join(arg, "inventory.img")) && !exists(filepath.Join(filepath.Dir(arg), "snapshot.json")):
-		images = arg
+		checkpoint = arg
 		family = c.FamilyDir
 		if family == "" && exists(arg+".mem") {
 			family = arg + ".mem"
 		}
-		return images, family, nil
+		return checkpoint, family, nil
 	default:
 		dir := arg
 		if stage.ValidSnapshotID(arg) {
@@ -109,7 +109,7 @@ func resolve(c cli) (images, family string, err error) {
 	if family == "" {
 		family = s.FamilyDir
 	}
-	return s.ImagesDir, family, nil
+	return s.CheckpointDir, family, nil
 }
 
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }
@@ -144,7 +144,7 @@ func printTables(w io.Writer, rep *memfile.Report, family string, onDisk []memfi
 	}
 	p := rep.Pages
 	fmt.Fprintf(w, "\npages: %d pagemap entries; %d pages with data in the image: %d go to memory files, %d stay in the image; %d pagemap pages have no data here\n",
-		p.PagemapEntries, p.InImage, p.ToMemoryFiles, p.StayInImage, p.NotInImage)
+		p.PagemapEntries, p.InCheckpoint, p.ToMemoryFiles, p.StayInCheckpoint, p.NotInCheckpoint)
 	if p.SharedFamily > 0 || p.Delta > 0 {
 		fmt.Fprintf(w, "family: the image's VMAs map %d pages of family memory files and add %d delta pages of their own\n", p.SharedFamily, p.Delta)
 	}

@@ -45,14 +45,14 @@ func run(ctx context.Context, c cli) error {
 	if c.Snapshot == "-" {
 		c.Snapshot = ""
 	}
-	if c.Snapshot != "" && isRawImage(c.Snapshot) {
+	if c.Snapshot != "" && isRawCheckpoint(c.Snapshot) {
 		return rewriteRaw(ctx, c)
 	}
 	s, err := snapshot.ReadSnapshotArg(c.Snapshot)
 	if err != nil {
 		return err
 	}
-	if done, err := plan(c, s.ImagesDir, s.FamilyDir); done || err != nil {
+	if done, err := plan(c, s.CheckpointDir, s.FamilyDir); done || err != nil {
 		return err
 	}
 	s, err = snapshot.Memfile(ctx, s, snapshot.MemfileOptions{Force: c.Force, NoFilePrivate: c.NoFilePrivate, Rebase: c.Rebase, HugePages: c.HugePages, KSM: c.KSM})
@@ -72,7 +72,7 @@ func plan(c cli, images, family string) (done bool, err error) {
 	if !c.DryRun && !c.Explain {
 		return false, nil
 	}
-	rep, err := memfile.Inspect(memfile.Options{ImagesDir: images, FamilyDir: family, ConvertFilePrivate: !c.NoFilePrivate})
+	rep, err := memfile.Inspect(memfile.Options{CheckpointDir: images, FamilyDir: family, ConvertFilePrivate: !c.NoFilePrivate})
 	if err != nil {
 		return false, err
 	}
@@ -86,8 +86,8 @@ func plan(c cli, images, family string) (done bool, err error) {
 	}{stagecmd.H(KindInspect), rep})
 }
 
-// isRawImage reports a CRIU image directory that did not come from lf-dump.
-func isRawImage(dir string) bool {
+// isRawCheckpoint reports a CRIU image directory that did not come from lf-dump.
+func isRawCheckpoint(dir string) bool {
 	_, errImg := os.Stat(filepath.Join(dir, "inventory.img"))
 	_, errSnap := os.Stat(filepath.Join(dir, "snapshot.json"))
 	_, errParent := os.Stat(filepath.Join(filepath.Dir(dir), "snapshot.json"))
@@ -113,7 +113,7 @@ func rewriteRaw(ctx context.Context, c cli) error {
 	if err := os.MkdirAll(fam, 0o700); err != nil {
 		return err
 	}
-	res, err := memfile.Rewrite(ctx, memfile.Options{ImagesDir: dir, FamilyDir: fam, MountPath: mount,
+	res, err := memfile.Rewrite(ctx, memfile.Options{CheckpointDir: dir, FamilyDir: fam, MountPath: mount,
 		ConvertFilePrivate: !c.NoFilePrivate, Prefix: "m", AllowAllocators: c.Force, HugePages: c.HugePages, KSM: c.KSM})
 	if err != nil {
 		_ = os.Remove(fam) // only if still empty

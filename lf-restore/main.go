@@ -10,10 +10,10 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/hook"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/stagecmd"
 )
@@ -40,7 +40,7 @@ func main() {
 }
 
 func run(ctx context.Context, c cli) error {
-	rt, err := runtime.Open()
+	rt, err := container.Open()
 	if err != nil {
 		return err
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/stagecmd"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/treedoc"
 )
 
@@ -63,17 +63,17 @@ const KindContainer = "lazyfork.container"
 // record is a container record as printed: the record carries its own version.
 type record struct {
 	Kind string `json:"kind"`
-	*tree.Container
+	*store.Container
 	Removed bool `json:"removed,omitempty"`
 }
 
-func printRecord(c *tree.Container) error {
+func printRecord(c *store.Container) error {
 	return stagecmd.Print(record{Kind: KindContainer, Container: c})
 }
 
 type listCmd struct{}
 
-func (listCmd) Run(s *tree.Store) error {
+func (listCmd) Run(s *store.Store) error {
 	all, err := s.List()
 	if err != nil {
 		return err
@@ -90,7 +90,7 @@ type getCmd struct {
 	Ref string `arg:""`
 }
 
-func (c getCmd) Run(s *tree.Store) error {
+func (c getCmd) Run(s *store.Store) error {
 	ct, err := s.Resolve(c.Ref)
 	if err != nil {
 		return err
@@ -102,7 +102,7 @@ type putCmd struct {
 	Record string `arg:"" optional:"" help:"File holding the record (lf-tree get's output); - or nothing: stdin."`
 }
 
-func (p putCmd) Run(s *tree.Store) error {
+func (p putCmd) Run(s *store.Store) error {
 	in, err := stagecmd.Input(p.Record)
 	if err != nil {
 		return err
@@ -110,7 +110,7 @@ func (p putCmd) Run(s *tree.Store) error {
 	defer in.Close()
 	var r struct {
 		Kind string `json:"kind"`
-		tree.Container
+		store.Container
 	}
 	dec := json.NewDecoder(io.LimitReader(in, stagecmd.MaxDocument))
 	dec.DisallowUnknownFields()
@@ -136,7 +136,7 @@ type rmCmd struct {
 	Ref string `arg:""`
 }
 
-func (c rmCmd) Run(s *tree.Store) error {
+func (c rmCmd) Run(s *store.Store) error {
 	ct, err := s.Resolve(c.Ref)
 	if err != nil {
 		return err
@@ -151,7 +151,7 @@ type childrenCmd struct {
 	Ref string `arg:""`
 }
 
-func (c childrenCmd) Run(s *tree.Store) error {
+func (c childrenCmd) Run(s *store.Store) error {
 	ct, err := s.Resolve(c.Ref)
 	if err != nil {
 		return err
@@ -183,7 +183,7 @@ func main() {
 				return err
 			}
 		}
-		s, err := tree.Open(dir)
+		s, err := store.Open(dir)
 		if err != nil {
 			return err
 		}

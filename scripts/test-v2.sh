@@ -189,7 +189,7 @@ mod=$(cd "$src" && go list -m)
 if [ -n "${LF_V2_PKGS:-}" ]; then
 	want=$LF_V2_PKGS
 else
-	first="lib/cgroup lib/runtime lib/fork lib/criu lib/memfile lib/daemon cmd/lazyfork"
+	first="lib/cgroup lib/container lib/fork lib/criu lib/memfile lib/daemon cmd/lazyfork"
 	want=$(for p in $first; do echo "$mod/$p"; done; cd "$src" && go list ./... | grep -v -x -F -f <(for p in $first; do echo "$mod/$p"; done))
 fi
 entries=""

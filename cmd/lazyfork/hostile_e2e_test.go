@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/container"
 )
 
 // world is what a hostile document could damage, as text to compare.
@@ -361,7 +361,7 @@ func TestHostileStageDocuments(t *testing.T) {
 		cases[name] = set
 	}
 	// Everything else c1's own, but the pid the host's init: CRIU would dump it.
-	initStart, err := runtime.StartTime(1)
+	initStart, err := container.StartTime(1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/image"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 type imageCmd struct {
@@ -88,7 +88,7 @@ func (c *imageRmCmd) Run(g *Globals) error {
 	}
 	for _, n := range c.Names {
 		if err := s.RemoveUnused(n, func(name string, layers []string) ([]string, error) {
-			return imageUsers(rt.Tree, name, layers)
+			return imageUsers(rt.Containers, name, layers)
 		}); err != nil {
 			return err
 		}
@@ -100,7 +100,7 @@ func (c *imageRmCmd) Run(g *Globals) error {
 // imageUsers names the containers (running, stopped, being created) and snapshots that
 // need one of layers or were made from the image name. A record it cannot read is an
 // error: it might be a user.
-func imageUsers(ts *tree.Store, name string, layers []string) ([]string, error) {
+func imageUsers(ts *store.Store, name string, layers []string) ([]string, error) {
 	want := map[string]bool{}
 	for _, l := range layers {
 		want[realPath(l)] = true

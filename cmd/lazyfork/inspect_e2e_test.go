@@ -26,7 +26,7 @@ func TestInspectExplainsACheckpoint(t *testing.T) {
 			Pages               int64
 		}
 		Pages struct {
-			InImage       int64 `json:"in_image"`
+			InCheckpoint  int64 `json:"in_image"`
 			ToMemoryFiles int64 `json:"to_memory_files"`
 			SharedFamily  int64 `json:"shared_family"`
 		} `json:"pages"`
@@ -45,7 +45,7 @@ func TestInspectExplainsACheckpoint(t *testing.T) {
 	dumped := e.must("lf-dump heap > " + e.run + "/d.json && cat " + e.run + "/d.json")
 	before := e.must("ls -lR " + e.run + "/snapshots")
 	r := decode(e.must("lf-inspect --json < " + e.run + "/d.json"))
-	if r.Tasks != 1 || r.Rewritten || r.Pages.ToMemoryFiles < 8000 || r.Pages.InImage < r.Pages.ToMemoryFiles {
+	if r.Tasks != 1 || r.Rewritten || r.Pages.ToMemoryFiles < 8000 || r.Pages.InCheckpoint < r.Pages.ToMemoryFiles {
 		t.Errorf("before the rewrite: %+v", r.Pages)
 	}
 	moved, kept := 0, 0

@@ -12,10 +12,10 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 )
 
 // Globals are shared by every command; env vars configure them too.
@@ -53,8 +53,8 @@ type CLI struct {
 
 func main() {
 	criu.MaybeKdatHelper()
-	runtime.MaybeInit()
-	runtime.MaybeCgexec()
+	container.MaybeInit()
+	container.MaybeCgexec()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -89,7 +89,7 @@ type exitError struct{ code int }
 func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
 // open applies the globals and opens the runtime.
-func (g *Globals) open() (*runtime.Runtime, error) {
+func (g *Globals) open() (*container.Runtime, error) {
 	paths.Set(g.Root, g.Run) // explicit: nothing this process starts inherits them by accident
 	if os.Geteuid() != 0 {
 		return nil, errors.New("lazyfork must run as root (namespaces, mounts, cgroups, CRIU): try sudo")
@@ -97,7 +97,7 @@ func (g *Globals) open() (*runtime.Runtime, error) {
 	if err := paths.Ensure(); err != nil {
 		return nil, err
 	}
-	rt, err := runtime.Open()
+	rt, err := container.Open()
 	if err != nil {
 		return nil, err
 	}

@@ -123,13 +123,13 @@ func TestStageDocumentsMatchDocs(t *testing.T) {
 	// Raw mode on a copy of a plain dump of c1.
 	d2 := e.must("lf-dump c1")
 	var s2 struct {
-		ImagesDir string `json:"images_dir"`
+		CheckpointDir string `json:"images_dir"`
 	}
 	if err := json.Unmarshal([]byte(d2), &s2); err != nil {
 		t.Fatal(err)
 	}
 	raw := filepath.Join(e.run, "raw") // the memory files must live on tmpfs
-	e.must(fmt.Sprintf("cp -a %s %s", s2.ImagesDir, raw))
+	e.must(fmt.Sprintf("cp -a %s %s", s2.CheckpointDir, raw))
 	run("lf-memfile --no-file-private " + raw) // its libraries are paths inside the container
 	run("lf-inspect --json " + raw)
 

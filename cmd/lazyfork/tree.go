@@ -11,8 +11,8 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/budget"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
 )
 
@@ -135,7 +135,7 @@ func (c *treeCreateCmd) Run(ctx context.Context, g *Globals) error {
 		return fmt.Errorf("--pids-limit %d: give a positive number of tasks", c.PidsLimit)
 	}
 	t, err := m.Create(ctx, snaptree.CreateOptions{Name: c.Name, Budget: b, KSM: c.KSM, Label: c.Label,
-		Container: runtime.CreateOptions{Image: c.Image, Name: c.Root, Command: dashdash(c.Command), Env: c.Env, Progress: os.Stderr,
+		Container: container.CreateOptions{Image: c.Image, Name: c.Root, Command: dashdash(c.Command), Env: c.Env, Progress: os.Stderr,
 			Hook: c.Hook, User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net}})
 	return printTree(t, err, c.JSON)
 }

@@ -6,12 +6,12 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/stage"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // Info is the live view of one container: a row of `lazyfork list` (lib/tree builds no
 // views; the runtime fills it, the daemon sends it).
-type Info = tree.Info
+type Info = store.Info
 
 // TreeNode is a container with its forks, for GET /v1/tree.
 type TreeNode struct {

@@ -32,7 +32,7 @@ func TestCancelledDumpLeavesNoCriu(t *testing.T) {
 	for _, after := range []time.Duration{0, 10 * time.Millisecond, 40 * time.Millisecond, 80 * time.Millisecond, 150 * time.Millisecond, 300 * time.Millisecond} {
 		ctx, cancel := context.WithCancel(context.Background())
 		timer := time.AfterFunc(after, cancel)
-		_, err := Dump(ctx, DumpOptions{Pid: pid, ImagesDir: t.TempDir(), LeaveRunning: true, KdatDir: kdat,
+		_, err := Dump(ctx, DumpOptions{Pid: pid, CheckpointDir: t.TempDir(), LeaveRunning: true, KdatDir: kdat,
 			ExternalMounts: map[string]string{"/usr": "usr"}, FreezeCgroup: ""})
 		timer.Stop()
 		cancel()

@@ -56,21 +56,21 @@ type RestoreResult struct {
 	KdatCache     bool          `json:"kdat_cache"`
 }
 
-// Dump checkpoints the tree rooted at o.Pid into o.ImagesDir.
+// Dump checkpoints the tree rooted at o.Pid into o.CheckpointDir.
 func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	begin := time.Now()
 	ctx, cancel := withDeadline(ctx, o.Timeout)
 	defer cancel()
-	workDir := orDefault(o.WorkDir, o.ImagesDir)
-	if o.ImagesDir == "" {
+	workDir := orDefault(o.WorkDir, o.CheckpointDir)
+	if o.CheckpointDir == "" {
 		return nil, errors.New("dump: no images dir")
 	}
-	for _, d := range []string{o.ImagesDir, workDir} {
+	for _, d := range []string{o.CheckpointDir, workDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("dump: create %s: %w", d, err)
 		}
 	}
-	img, err := openDir(o.ImagesDir)
+	img, err := openDir(o.CheckpointDir)
 	if err != nil {
 		return nil, fmt.Errorf("dump: %w", err)
 	}
@@ -135,19 +135,19 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	return r, nil
 }
 
-// Restore restores the tree in o.ImagesDir. On success the restored root is running and is
+// Restore restores the tree in o.CheckpointDir. On success the restored root is running and is
 // a child of the caller; on failure no restored task is left behind.
 func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	begin := time.Now()
 	ctx, cancel := withDeadline(ctx, o.Timeout)
 	defer cancel()
-	if o.ImagesDir == "" || o.WorkDir == "" {
+	if o.CheckpointDir == "" || o.WorkDir == "" {
 		return nil, errors.New("restore: images dir and work dir are required")
 	}
 	if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
 		return nil, fmt.Errorf("restore: create %s: %w", o.WorkDir, err)
 	}
-	img, err := openDir(o.ImagesDir)
+	img, err := openDir(o.CheckpointDir)
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
@@ -165,7 +165,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
-	kdat, ownMountNS := o.KdatDir, imageHasMountNS(o.ImagesDir)
+	kdat, ownMountNS := o.KdatDir, checkpointHasMountNS(o.CheckpointDir)
 	if !ownMountNS {
 		kdat = ""
 	}

@@ -276,7 +276,7 @@ func TestDumpRestoreBare(t *testing.T) {
 	var scripts []string
 	dumped := -1
 	d, err := Dump(ctx, DumpOptions{
-		Pid: pid, ImagesDir: img, WorkDir: work, LeaveRunning: true,
+		Pid: pid, CheckpointDir: img, WorkDir: work, LeaveRunning: true,
 		KdatDir: t.TempDir(), // must be ignored: the tree shares our mount namespace
 		Notify: func(script string, _ int) error {
 			mu.Lock()
@@ -314,7 +314,7 @@ func TestDumpRestoreBare(t *testing.T) {
 	for i := range restored {
 		work := filepath.Join(t.TempDir(), "w")
 		wg.Go(func() {
-			restored[i], errs[i] = Restore(ctx, RestoreOptions{ImagesDir: img, WorkDir: work})
+			restored[i], errs[i] = Restore(ctx, RestoreOptions{CheckpointDir: img, WorkDir: work})
 		})
 	}
 	wg.Wait()
@@ -384,7 +384,7 @@ func TestDumpRestoreContainerKdat(t *testing.T) {
 	// Without the external mount's mapping the restore fails; no restored task may be left
 	// behind, not even a zombie child.
 	before := ourChildren(t)
-	_, err := Restore(ctx, RestoreOptions{ImagesDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2, KdatDir: kdat})
+	_, err := Restore(ctx, RestoreOptions{CheckpointDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2, KdatDir: kdat})
 	var ce *Error
 	if !errors.As(err, &ce) || ce.Excerpt == "" {
 		t.Fatalf("restore without mapping: err = %v", err)
@@ -395,7 +395,7 @@ func TestDumpRestoreContainerKdat(t *testing.T) {
 	}
 
 	r, err := Restore(ctx, RestoreOptions{
-		ImagesDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2,
+		CheckpointDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2,
 		ExternalMounts: map[string]string{"usr": "/usr"},
 		KdatDir:        kdat,
 	})
@@ -438,7 +438,7 @@ func TestDumpDeadlineKillsCriu(t *testing.T) {
 	pid, log := startBare(t)
 	for _, timeout := range []time.Duration{time.Nanosecond, 30 * time.Millisecond} {
 		start := time.Now()
-		_, err := Dump(context.Background(), DumpOptions{Pid: pid, ImagesDir: t.TempDir(), LeaveRunning: true, Timeout: timeout})
+		_, err := Dump(context.Background(), DumpOptions{Pid: pid, CheckpointDir: t.TempDir(), LeaveRunning: true, Timeout: timeout})
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("timeout %v: err = %v, want deadline exceeded", timeout, err)
 		}
@@ -457,12 +457,12 @@ func TestRestoreFailureReapsRoot(t *testing.T) {
 	requirePriv(t)
 	pid, _ := startBare(t)
 	img := t.TempDir()
-	if _, err := Dump(context.Background(), DumpOptions{Pid: pid, ImagesDir: img, LeaveRunning: true}); err != nil {
+	if _, err := Dump(context.Background(), DumpOptions{Pid: pid, CheckpointDir: img, LeaveRunning: true}); err != nil {
 		t.Fatal(err)
 	}
 	root := 0
 	_, err := Restore(context.Background(), RestoreOptions{
-		ImagesDir: img, WorkDir: t.TempDir(), Timeout: time.Second,
+		CheckpointDir: img, WorkDir: t.TempDir(), Timeout: time.Second,
 		Notify: func(script string, p int) error {
 			if script == "post-restore" {
 				root = p
@@ -485,7 +485,7 @@ func TestRestoreFailureReapsRoot(t *testing.T) {
 	}
 
 	// A restore that criu rolls back after creating the root (our child) leaves no zombie.
-	refuseEachScript(t, RestoreOptions{ImagesDir: img}, nil)
+	refuseEachScript(t, RestoreOptions{CheckpointDir: img}, nil)
 }
 
 // refuseEachScript restores o with the setup-namespaces, then the post-restore
@@ -519,7 +519,7 @@ func TestNotifyErrorAbortsDump(t *testing.T) {
 	requirePriv(t)
 	pid, log := startBare(t)
 	_, err := Dump(context.Background(), DumpOptions{
-		Pid: pid, ImagesDir: t.TempDir(), LeaveRunning: true,
+		Pid: pid, CheckpointDir: t.TempDir(), LeaveRunning: true,
 		Notify: func(script string, _ int) error {
 			if script == "post-dump" {
 				return errors.New("snapshot failed")
@@ -540,7 +540,7 @@ func TestDumpMissingPidQuotesLog(t *testing.T) {
 	requirePriv(t)
 	pid := freePid(t)
 	img := t.TempDir()
-	_, err := Dump(context.Background(), DumpOptions{Pid: pid, ImagesDir: img})
+	_, err := Dump(context.Background(), DumpOptions{Pid: pid, CheckpointDir: img})
 	var ce *Error
 	if !errors.As(err, &ce) {
 		t.Fatalf("err = %v, want *Error", err)
@@ -584,7 +584,7 @@ func TestRestoreLatency(t *testing.T) {
 	var snapshot []byte
 	dump := func(kd string) time.Duration {
 		d, err := Dump(ctx, DumpOptions{
-			Pid: pid, ImagesDir: img, LeaveRunning: true, KdatDir: kd,
+			Pid: pid, CheckpointDir: img, LeaveRunning: true, KdatDir: kd,
 			ExternalMounts: map[string]string{"/usr": "usr"},
 			Notify: func(script string, _ int) error {
 				if script == "post-dump" {
@@ -606,7 +606,7 @@ func TestRestoreLatency(t *testing.T) {
 			t.Fatal(err)
 		}
 		r, err := Restore(ctx, RestoreOptions{
-			ImagesDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2, KdatDir: kd,
+			CheckpointDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2, KdatDir: kd,
 			ExternalMounts: map[string]string{"usr": "/usr"},
 		})
 		if err != nil {

@@ -168,11 +168,11 @@ func sharesMountNS(pid int) bool {
 	return a.Dev == b.Dev && a.Ino == b.Ino
 }
 
-// imageHasMountNS reports whether the image holds a mount namespace (criu writes
+// checkpointHasMountNS reports whether the image holds a mount namespace (criu writes
 // mountpoints-<id>.img only then). Without one the restored tree would live in criu's own
 // mount namespace, which must then be the caller's.
-func imageHasMountNS(imagesDir string) bool {
-	names, err := os.ReadDir(imagesDir)
+func checkpointHasMountNS(checkpointDir string) bool {
+	names, err := os.ReadDir(checkpointDir)
 	if err != nil {
 		return false
 	}

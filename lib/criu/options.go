@@ -96,11 +96,11 @@ type NotifyFunc func(script string, pid int) error
 
 // DumpOptions describe one checkpoint.
 type DumpOptions struct {
-	Pid          int    // host PID of the tree's root (the container's init)
-	ImagesDir    string // created if missing
-	WorkDir      string // log and stats-dump go here; "" means ImagesDir
-	LeaveRunning bool
-	FreezeCgroup string // freezer cgroup directory to freeze the tree with, "" to use ptrace
+	Pid           int    // host PID of the tree's root (the container's init)
+	CheckpointDir string // created if missing
+	WorkDir       string // log and stats-dump go here; "" means CheckpointDir
+	LeaveRunning  bool
+	FreezeCgroup  string // freezer cgroup directory to freeze the tree with, "" to use ptrace
 	// ExternalMounts declares mounts that are not part of the image: path inside the
 	// tree's mount namespace -> key (e.g. "/.lazyfork/mem" -> "lfmem").
 	ExternalMounts map[string]string
@@ -134,9 +134,9 @@ type DumpOptions struct {
 
 // RestoreOptions describe one restore.
 type RestoreOptions struct {
-	ImagesDir string // read only: nothing is written into it
-	WorkDir   string // required, one per restore; log and stats-restore go here
-	Root      string // new root of the tree's mount namespace; must be a mount point
+	CheckpointDir string // read only: nothing is written into it
+	WorkDir       string // required, one per restore; log and stats-restore go here
+	Root          string // new root of the tree's mount namespace; must be a mount point
 	// CgroupRoots places the tree's cgroups: "ctrl:/path" for one controller (e.g.
 	// "memory:/lazyfork/f1") or "/path" for all of them.
 	CgroupRoots []string
@@ -177,7 +177,7 @@ type RestoreOptions struct {
 }
 
 // criuOpts translates DumpOptions into CRIU's RPC options; the fds are the caller's.
-func (o *DumpOptions) criuOpts(imagesFd, workFd int) (*rpc.CriuOpts, error) {
+func (o *DumpOptions) criuOpts(checkpointFd, workFd int) (*rpc.CriuOpts, error) {
 	if o.Pid <= 0 {
 		return nil, fmt.Errorf("dump: no pid")
 	}
@@ -190,7 +190,7 @@ func (o *DumpOptions) criuOpts(imagesFd, workFd int) (*rpc.CriuOpts, error) {
 		return nil, err
 	}
 	opts := &rpc.CriuOpts{
-		ImagesDirFd:    proto.Int32(int32(imagesFd)),
+		ImagesDirFd:    proto.Int32(int32(checkpointFd)),
 		WorkDirFd:      proto.Int32(int32(workFd)),
 		Pid:            proto.Int32(int32(o.Pid)),
 		LeaveRunning:   proto.Bool(o.LeaveRunning),
@@ -223,7 +223,7 @@ func (o *DumpOptions) criuOpts(imagesFd, workFd int) (*rpc.CriuOpts, error) {
 
 // criuOpts translates RestoreOptions into CRIU's RPC options; the fds are the caller's and
 // yard is the resolved cgroup yard ("" for none).
-func (o *RestoreOptions) criuOpts(imagesFd, workFd int, yard string) (*rpc.CriuOpts, error) {
+func (o *RestoreOptions) criuOpts(checkpointFd, workFd int, yard string) (*rpc.CriuOpts, error) {
 	cg, err := o.CgroupMode.rpc()
 	if err != nil {
 		return nil, err
@@ -237,7 +237,7 @@ func (o *RestoreOptions) criuOpts(imagesFd, workFd int, yard string) (*rpc.CriuO
 		return nil, err
 	}
 	opts := &rpc.CriuOpts{
-		ImagesDirFd:    proto.Int32(int32(imagesFd)),
+		ImagesDirFd:    proto.Int32(int32(checkpointFd)),
 		WorkDirFd:      proto.Int32(int32(workFd)),
 		RstSibling:     proto.Bool(true),
 		ShellJob:       proto.Bool(false),

@@ -56,7 +56,7 @@ func ProbeSocketDump(ctx context.Context, scratch string) error {
 	if _, err := ready.Read(make([]byte, 1)); err != nil {
 		return fmt.Errorf("socket probe: python3 did not open its sockets: %w", err)
 	}
-	_, err = Dump(ctx, DumpOptions{Pid: cmd.Process.Pid, ImagesDir: dir, NetworkLock: NetworkLockSkip})
+	_, err = Dump(ctx, DumpOptions{Pid: cmd.Process.Pid, CheckpointDir: dir, NetworkLock: NetworkLockSkip})
 	if err != nil {
 		return fmt.Errorf("dump a process holding TCP and UDP sockets: %w", err)
 	}

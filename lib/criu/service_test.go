@@ -41,7 +41,7 @@ func dumpContained(t *testing.T, kdat string) (d *DumpResult, img, root2 string,
 	makeRoot(t, root2)
 	img = t.TempDir()
 	d, err := Dump(context.Background(), DumpOptions{
-		Pid: pid, ImagesDir: img, LeaveRunning: true, KdatDir: kdat,
+		Pid: pid, CheckpointDir: img, LeaveRunning: true, KdatDir: kdat,
 		ExternalMounts: map[string]string{"/usr": "usr"},
 		Notify: func(script string, _ int) error {
 			if script != "post-dump" {
@@ -79,7 +79,7 @@ func TestServiceRestoresContainer(t *testing.T) {
 			t.Fatal(err)
 		}
 		r, err := Restore(context.Background(), RestoreOptions{
-			ImagesDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2,
+			CheckpointDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2,
 			ExternalMounts: map[string]string{"usr": "/usr"}, Service: s,
 		})
 		if err != nil {
@@ -113,7 +113,7 @@ func TestServiceRestoresContainer(t *testing.T) {
 	if c := criuChildren(t); len(c) != 0 {
 		t.Errorf("criu children left: %v", c)
 	}
-	if _, err := Restore(context.Background(), RestoreOptions{ImagesDir: img, WorkDir: t.TempDir(), Root: root2, Service: s}); err == nil || !strings.Contains(err.Error(), "criu service has exited") {
+	if _, err := Restore(context.Background(), RestoreOptions{CheckpointDir: img, WorkDir: t.TempDir(), Root: root2, Service: s}); err == nil || !strings.Contains(err.Error(), "criu service has exited") {
 		t.Errorf("restore through a closed service: err = %v", err)
 	}
 }
@@ -125,12 +125,12 @@ func TestServiceFailureLeavesNothing(t *testing.T) {
 	s, _ := startService(t)
 	pid, _ := startBare(t)
 	img := t.TempDir()
-	if _, err := Dump(context.Background(), DumpOptions{Pid: pid, ImagesDir: img, LeaveRunning: true}); err != nil {
+	if _, err := Dump(context.Background(), DumpOptions{Pid: pid, CheckpointDir: img, LeaveRunning: true}); err != nil {
 		t.Fatal(err)
 	}
 	root := 0
 	_, err := Restore(context.Background(), RestoreOptions{
-		ImagesDir: img, WorkDir: t.TempDir(), Timeout: timescale.Scale(time.Second), Service: s,
+		CheckpointDir: img, WorkDir: t.TempDir(), Timeout: timescale.Scale(time.Second), Service: s,
 		Notify: func(script string, p int) error {
 			if script == "post-restore" {
 				root = p
@@ -149,7 +149,7 @@ func TestServiceFailureLeavesNothing(t *testing.T) {
 		"restored root %d still exists", root)
 	testEventually(t, func() bool { return len(serviceWorkers(t, s)) == 0 }, "workers left: %v", serviceWorkers(t, s))
 
-	refuseEachScript(t, RestoreOptions{ImagesDir: img, Service: s}, func(script string) {
+	refuseEachScript(t, RestoreOptions{CheckpointDir: img, Service: s}, func(script string) {
 		if w := serviceWorkers(t, s); len(w) != 0 {
 			t.Errorf("%s: workers left: %v", script, w)
 		}
@@ -157,7 +157,7 @@ func TestServiceFailureLeavesNothing(t *testing.T) {
 	if !s.Alive() {
 		t.Fatal("service died")
 	}
-	r, err := Restore(context.Background(), RestoreOptions{ImagesDir: img, WorkDir: t.TempDir(), Service: s})
+	r, err := Restore(context.Background(), RestoreOptions{CheckpointDir: img, WorkDir: t.TempDir(), Service: s})
 	if err != nil {
 		t.Fatalf("restore after failures: %v", err)
 	}

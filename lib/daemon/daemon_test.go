@@ -14,7 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	goruntime "runtime"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -23,14 +23,14 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/daemon"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 func TestMain(m *testing.M) {
@@ -50,8 +50,8 @@ func TestMain(m *testing.M) {
 		os.Exit(probeHTTP(sock))
 	}
 	criu.MaybeKdatHelper()
-	runtime.MaybeInit()
-	runtime.MaybeCgexec()
+	container.MaybeInit()
+	container.MaybeCgexec()
 	// The daemon runs in this process: CRIU's deadlines scale under emulation (make
 	// test-v2), as in lib/fork's tests.
 	fork.DumpTimeout, fork.RestoreTimeout = timescale.Scale(fork.DumpTimeout), timescale.Scale(fork.RestoreTimeout)
@@ -68,7 +68,7 @@ var counterCmd = []string{"python3", "-c", "import itertools, time\nfor i in ite
 // testDaemon is a real daemon (daemon.Run) on a temporary socket over a test runtime.
 type testDaemon struct {
 	t      *testing.T
-	rt     *runtime.Runtime
+	rt     *container.Runtime
 	socket string
 	cl     *client.Client
 	stop   func()
@@ -230,7 +230,7 @@ func TestRoutes(t *testing.T) {
 	}
 
 	web := d.create("web", counterCmd...)
-	if web.State != tree.StateRunning || web.Pid == 0 {
+	if web.State != store.StateRunning || web.Pid == 0 {
 		t.Fatalf("created %+v", web)
 	}
 	if got := d.exec("web", "hostname"); got != web.ID {
@@ -267,7 +267,7 @@ func TestRoutes(t *testing.T) {
 	if err := d.cl.Freeze(bg, "web"); err != nil {
 		t.Fatal(err)
 	}
-	if in, _ := d.cl.Get(bg, "web"); in.State != tree.StateFrozen {
+	if in, _ := d.cl.Get(bg, "web"); in.State != store.StateFrozen {
 		t.Errorf("after freeze: %s", in.State)
 	}
 	_, err = d.cl.Exec(bg, "web", client.ExecRequest{Argv: []string{"true"}})
@@ -330,7 +330,7 @@ func TestRoutes(t *testing.T) {
 
 	// Stop, fork the stopped container, start it again.
 	in, err := d.cl.Stop(bg, "web", client.StopRequest{})
-	if err != nil || in.State != tree.StateStopped {
+	if err != nil || in.State != store.StateStopped {
 		t.Fatalf("stop: %+v, %v", in, err)
 	}
 	_, err = d.cl.Exec(bg, "web", client.ExecRequest{Argv: []string{"true"}})
@@ -341,7 +341,7 @@ func TestRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("fork of a stopped container: %v", err)
 	}
-	if in, err = d.cl.Start(bg, "web"); err != nil || in.State != tree.StateRunning {
+	if in, err = d.cl.Start(bg, "web"); err != nil || in.State != store.StateRunning {
 		t.Fatalf("start: %+v, %v", in, err)
 	}
 	_, err = d.cl.Start(bg, "web")
@@ -351,7 +351,7 @@ func TestRoutes(t *testing.T) {
 	if err := d.cl.Delete(bg, "web-a"); err != nil {
 		t.Fatal(err)
 	}
-	if in, err := d.cl.Get(bg, gr.Forks[0].ID); err != nil || in.State != tree.StateRunning {
+	if in, err := d.cl.Get(bg, gr.Forks[0].ID); err != nil || in.State != store.StateRunning {
 		t.Errorf("grandchild after its parent's deletion: %+v, %v", in, err)
 	}
 	wantCode(t, d.cl.Delete(bg, "web-a"), client.CodeNotFound)
@@ -449,7 +449,7 @@ func TestBadInput(t *testing.T) {
 
 	// Nothing changed: still exactly the one container, running, no snapshots.
 	rows, _ := d.cl.List(bg)
-	if len(rows) != 1 || rows[0].ID != c.ID || rows[0].State != tree.StateRunning {
+	if len(rows) != 1 || rows[0].ID != c.ID || rows[0].State != store.StateRunning {
 		t.Errorf("containers after bad input: %+v", rows)
 	}
 	if s := snapshots(t); len(s) != 0 {
@@ -501,7 +501,7 @@ func TestConcurrentForks(t *testing.T) {
 		t.Errorf("%d distinct forks, want 6", len(ids))
 	}
 	// The first fork moved the source onto its snapshot (new host pid, same container).
-	if in, _ := d.cl.Get(bg, src.ID); in.State != tree.StateRunning || in.ID != src.ID {
+	if in, _ := d.cl.Get(bg, src.ID); in.State != store.StateRunning || in.ID != src.ID {
 		t.Errorf("source after concurrent forks: %+v", in)
 	}
 	if s := snapshots(t); len(s) != 0 {
@@ -528,13 +528,13 @@ func TestClientDisconnectMidFork(t *testing.T) {
 	}
 	// The daemon finishes the fork, sees the client gone, and deletes what it made.
 	testutil.Eventually(t, 60*time.Second, "the fork to be undone", func() bool {
-		all, _ := d.rt.Tree.List()
+		all, _ := d.rt.Containers.List()
 		return len(all) == 1 && len(snapshots(t)) == 0
 	})
 	// Running, under its id: on its old processes or, if the swap had finished before the
 	// hang-up, on the new ones.
 	in, err := d.cl.Get(bg, "src")
-	if err != nil || in.State != tree.StateRunning || in.ID != src.ID {
+	if err != nil || in.State != store.StateRunning || in.ID != src.ID {
 		t.Fatalf("source after an abandoned fork: %+v, %v", in, err)
 	}
 	d.exec("src", "true")
@@ -570,8 +570,8 @@ func TestDaemonRestart(t *testing.T) {
 	_, err = d.cl.Ping(bg)
 	wantCode(t, err, client.CodeDaemonUnreached)
 	for _, in := range before {
-		c, err := d.rt.Tree.Get(in.ID)
-		if err != nil || !runtime.Alive(c) {
+		c, err := d.rt.Containers.Get(in.ID)
+		if err != nil || !container.Alive(c) {
 			t.Errorf("%s not alive while no daemon runs: %v", in.ID, err)
 		}
 	}
@@ -583,7 +583,7 @@ func TestDaemonRestart(t *testing.T) {
 		t.Fatalf("after restart: %d containers (%v), want %d", len(after), err, len(before))
 	}
 	for i := range after {
-		if after[i].ID != before[i].ID || after[i].Pid != before[i].Pid || after[i].State != tree.StateRunning {
+		if after[i].ID != before[i].ID || after[i].Pid != before[i].Pid || after[i].State != store.StateRunning {
 			t.Errorf("after restart %+v, before %+v", after[i], before[i])
 		}
 	}
@@ -607,7 +607,7 @@ func TestDaemonRestart(t *testing.T) {
 }
 
 func repoDir() string {
-	_, file, _, _ := goruntime.Caller(0)
+	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
@@ -663,7 +663,7 @@ func TestPythonSDK(t *testing.T) {
 		t.Fatalf("%d grandchildren", len(r.Grandchildren))
 	}
 	for i, g := range r.Grandchildren {
-		if g.Depth != 2 || g.Parent != r.ForkIDs[0] || g.State != tree.StateRunning || strings.TrimSpace(r.GrandchildHostnames[i]) != g.ID {
+		if g.Depth != 2 || g.Parent != r.ForkIDs[0] || g.State != store.StateRunning || strings.TrimSpace(r.GrandchildHostnames[i]) != g.ID {
 			t.Errorf("grandchild %+v, hostname %q", g, r.GrandchildHostnames[i])
 		}
 	}
@@ -672,7 +672,7 @@ func TestPythonSDK(t *testing.T) {
 		t.Errorf("after the with block: %d containers, want agent + 3 grandchildren", len(r.AfterWith))
 	}
 	for _, in := range r.AfterWith {
-		if in.Name != "agent" && (in.Depth != 2 || in.State != tree.StateRunning) {
+		if in.Name != "agent" && (in.Depth != 2 || in.State != store.StateRunning) {
 			t.Errorf("after the with block: %+v", in)
 		}
 	}
@@ -769,9 +769,9 @@ func TestHookThroughDaemon(t *testing.T) {
 
 	// Nothing listens: an error naming the hook, or a forced snapshot.
 	d.create("deaf", "sleep", "1000")
-	deaf, _ := d.rt.Tree.Resolve("deaf")
+	deaf, _ := d.rt.Containers.Resolve("deaf")
 	deaf.Hook = "/run/none.sock" // as if created with --hook by a runtime that never listened
-	if err := d.rt.Tree.Put(deaf); err != nil {
+	if err := d.rt.Containers.Put(deaf); err != nil {
 		t.Fatal(err)
 	}
 	_, err = d.cl.Fork(bg, "deaf", client.ForkRequest{HookOptions: client.HookOptions{HookTimeout: 0.2}}, nil)
@@ -784,7 +784,7 @@ func TestHookThroughDaemon(t *testing.T) {
 	}
 	_, err = d.cl.Stop(bg, "deaf", client.StopRequest{HookOptions: client.HookOptions{HookTimeout: 0.2}})
 	wantCode(t, err, client.CodeHookNoAnswer)
-	if in, _ := d.cl.Get(bg, "deaf"); in.State != tree.StateRunning {
+	if in, _ := d.cl.Get(bg, "deaf"); in.State != store.StateRunning {
 		t.Errorf("deaf after a refused stop: %s", in.State)
 	}
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/image"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // APIError gives any error of an operation its HTTP status and stable code.
@@ -36,13 +36,13 @@ func APIError(err error) *client.Error {
 		code, status = client.CodeInvalidState, http.StatusConflict
 	case errors.Is(err, guard.ErrBusy):
 		code, status = client.CodeBusy, http.StatusConflict
-	case errors.Is(err, tree.ErrNotFound):
+	case errors.Is(err, store.ErrNotFound):
 		code, status = client.CodeNotFound, http.StatusNotFound
-	case errors.Is(err, tree.ErrAmbiguous):
+	case errors.Is(err, store.ErrAmbiguous):
 		code, status = client.CodeAmbiguous, http.StatusConflict
-	case errors.Is(err, tree.ErrNameInUse):
+	case errors.Is(err, store.ErrNameInUse):
 		code, status = client.CodeNameInUse, http.StatusConflict
-	case errors.Is(err, tree.ErrBadName):
+	case errors.Is(err, store.ErrBadName):
 		code, status = client.CodeInvalidName, http.StatusBadRequest
 	case errors.Is(err, image.ErrNotFound):
 		code, status = client.CodeImageNotFound, http.StatusNotFound

@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/daemon"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
@@ -59,7 +59,7 @@ func (l *lockedBuffer) String() string {
 
 // runDaemon serves rt with cfg (its socket in a fresh /tmp dir, 0755 so another user may
 // reach it) until the test ends.
-func runDaemon(t *testing.T, rt *runtime.Runtime, cfg daemon.Config) *client.Client {
+func runDaemon(t *testing.T, rt *container.Runtime, cfg daemon.Config) *client.Client {
 	t.Helper()
 	dir, err := os.MkdirTemp("/tmp", "lfp-")
 	if err != nil {

@@ -21,9 +21,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 )
 
 // DefaultMaxBody bounds a request body (an exec's stdin travels in it).
@@ -368,7 +368,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 	ref := r.PathValue("ref")
-	if _, err := s.svc.RT.Tree.Resolve(ref); err != nil {
+	if _, err := s.svc.RT.Containers.Resolve(ref); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -528,7 +528,7 @@ func listen(socket string) (l net.Listener, closeFn func(), madeDir bool, err er
 
 // Run is `lazyfork daemon run`: it cleans what a killed predecessor left half-done,
 // then serves rt on cfg.Socket until ctx ends or a client asks it to stop.
-func Run(ctx context.Context, rt *runtime.Runtime, cfg Config) error {
+func Run(ctx context.Context, rt *container.Runtime, cfg Config) error {
 	if cfg.Socket == "" {
 		cfg.Socket = client.DefaultSocket
 	}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/doctor"
 	"github.com/lazyfork/lazyfork/lib/fork"
@@ -27,8 +28,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/image"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/runtime"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // Version is the daemon's (and its API's) version.
@@ -39,7 +39,7 @@ const MaxForks = 1000
 
 // Service performs LazyFork's operations and publishes their events.
 type Service struct {
-	RT     *runtime.Runtime
+	RT     *container.Runtime
 	Events *Broker
 	// Daemon describes the daemon this service runs in (nil in the porcelain).
 	Daemon *client.DaemonInfo
@@ -51,7 +51,7 @@ type Service struct {
 }
 
 // NewService returns a service over rt.
-func NewService(rt *runtime.Runtime) *Service {
+func NewService(rt *container.Runtime) *Service {
 	return &Service{RT: rt, Events: NewBroker()}
 }
 
@@ -108,32 +108,32 @@ func (s *Service) Create(ctx context.Context, req client.CreateRequest, progress
 
 // createOptions checks a create request and resolves (or pulls) its image first, so
 // that a missing image gets its own code (a tree's root is created from the same).
-func (s *Service) createOptions(ctx context.Context, req client.CreateRequest, progress io.Writer) (runtime.CreateOptions, error) {
+func (s *Service) createOptions(ctx context.Context, req client.CreateRequest, progress io.Writer) (container.CreateOptions, error) {
 	if req.Image == "" {
-		return runtime.CreateOptions{}, badRequest("image is required")
+		return container.CreateOptions{}, badRequest("image is required")
 	}
 	if err := hook.ValidatePath(req.Hook); err != nil {
-		return runtime.CreateOptions{}, badRequest("%v", err)
+		return container.CreateOptions{}, badRequest("%v", err)
 	}
 	if err := checkEnv(req.Env); err != nil {
-		return runtime.CreateOptions{}, err
+		return container.CreateOptions{}, err
 	}
-	if mode, err := runtime.NetMode(req.Net); err != nil {
-		return runtime.CreateOptions{}, badRequest("%v", err)
-	} else if req.NAT && mode != runtime.NetBridge {
-		return runtime.CreateOptions{}, badRequest("nat needs net bridge (a %s container has no address to masquerade)", mode)
+	if mode, err := container.NetMode(req.Net); err != nil {
+		return container.CreateOptions{}, badRequest("%v", err)
+	} else if req.NAT && mode != container.NetBridge {
+		return container.CreateOptions{}, badRequest("nat needs net bridge (a %s container has no address to masquerade)", mode)
 	}
 	if _, err := s.RT.Images.Get(ctx, req.Image, image.GetOptions{Progress: progress}); err != nil {
 		if errors.Is(err, image.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return runtime.CreateOptions{}, client.Errorf(http.StatusNotFound, client.CodeImageNotFound, "%v", err)
+			return container.CreateOptions{}, client.Errorf(http.StatusNotFound, client.CodeImageNotFound, "%v", err)
 		}
-		return runtime.CreateOptions{}, err
+		return container.CreateOptions{}, err
 	}
 	env := slices.Clone(req.Env)
 	if req.Hook != "" {
 		env = append([]string{hook.EnvVar + "=" + req.Hook}, env...)
 	}
-	return runtime.CreateOptions{
+	return container.CreateOptions{
 		Image: req.Image, Name: req.Name, Command: req.Command, Env: env, Hook: req.Hook, Progress: progress,
 		User: req.User, Memory: req.Memory, PidsLimit: req.PidsLimit, Privileged: req.Privileged,
 		Net: req.Net, NAT: req.NAT, Join: req.Join,
@@ -165,7 +165,7 @@ func (s *Service) Fork(ctx context.Context, ref string, req client.ForkRequest, 
 	if req.HookTimeout < 0 {
 		return nil, badRequest("hook_timeout must not be negative")
 	}
-	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
+	c, unlock, err := guard.Lock(ctx, s.RT.Containers, ref, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +201,7 @@ func (s *Service) ClusterFork(ctx context.Context, ref string, req client.Cluste
 	case n > MaxForks:
 		return nil, badRequest("n = %d: at most %d forks per request", n, MaxForks)
 	}
-	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
+	c, unlock, err := guard.Lock(ctx, s.RT.Containers, ref, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +214,7 @@ func (s *Service) ClusterFork(ctx context.Context, ref string, req client.Cluste
 		if m.ID == c.ID {
 			continue
 		}
-		_, unlockM, err := guard.Lock(ctx, s.RT.Tree, m.ID, 0)
+		_, unlockM, err := guard.Lock(ctx, s.RT.Containers, m.ID, 0)
 		if err != nil {
 			return nil, err
 		}
@@ -235,7 +235,7 @@ func (s *Service) ClusterFork(ctx context.Context, ref string, req client.Cluste
 // undo deletes forks nobody will learn about.
 func (s *Service) undo(forks []client.Fork) {
 	for _, f := range forks {
-		if c, err := s.RT.Tree.Get(f.ID); err == nil {
+		if c, err := s.RT.Containers.Get(f.ID); err == nil {
 			_ = s.RT.Delete(c)
 		}
 	}
@@ -251,7 +251,7 @@ func (s *Service) Stop(ctx context.Context, ref string, req client.StopRequest) 
 	if req.HookTimeout < 0 {
 		return nil, badRequest("hook_timeout must not be negative")
 	}
-	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
+	c, unlock, err := guard.Lock(ctx, s.RT.Containers, ref, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -266,7 +266,7 @@ func (s *Service) Stop(ctx context.Context, ref string, req client.StopRequest) 
 
 // Start restarts a stopped container from its snapshot.
 func (s *Service) Start(ctx context.Context, ref string) (*client.Info, error) {
-	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
+	c, unlock, err := guard.Lock(ctx, s.RT.Containers, ref, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -297,7 +297,7 @@ func (s *Service) DeleteAll(ctx context.Context, refs []string, done func(ref st
 }
 
 func (s *Service) deleteOne(ctx context.Context, ref string) error {
-	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
+	c, unlock, err := guard.Lock(ctx, s.RT.Containers, ref, 0)
 	if err != nil {
 		return err
 	}
@@ -320,8 +320,8 @@ func (s *Service) Thaw(ctx context.Context, ref string) error {
 }
 
 // locked runs op on ref under its lock and publishes the event when it succeeds.
-func (s *Service) locked(ctx context.Context, ref string, op func(*tree.Container) error, event string) error {
-	c, unlock, err := guard.Lock(ctx, s.RT.Tree, ref, 0)
+func (s *Service) locked(ctx context.Context, ref string, op func(*store.Container) error, event string) error {
+	c, unlock, err := guard.Lock(ctx, s.RT.Containers, ref, 0)
 	if err != nil {
 		return err
 	}
@@ -334,8 +334,8 @@ func (s *Service) locked(ctx context.Context, ref string, op func(*tree.Containe
 }
 
 // execOptions checks an exec request and turns it into runtime options.
-func execOptions(req client.ExecRequest) (runtime.ExecOptions, error) {
-	o := runtime.ExecOptions{Args: req.Argv, Env: req.Env, Cwd: req.Cwd}
+func execOptions(req client.ExecRequest) (container.ExecOptions, error) {
+	o := container.ExecOptions{Args: req.Argv, Env: req.Env, Cwd: req.Cwd}
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return o, badRequest("argv is required: the command and its arguments")
 	}
@@ -370,7 +370,7 @@ func (s *Service) Exec(ctx context.Context, ref string, req client.ExecRequest) 
 	if req.TTY {
 		return nil, badRequest("tty needs a streamed exec (Upgrade: %s)", client.UpgradeHeader)
 	}
-	c, err := s.RT.Tree.Resolve(ref)
+	c, err := s.RT.Containers.Resolve(ref)
 	if err != nil {
 		return nil, err
 	}
@@ -387,7 +387,7 @@ func (s *Service) ExecStream(ctx context.Context, ref string, req client.ExecReq
 	if err != nil {
 		return -1, err
 	}
-	c, err := s.RT.Tree.Resolve(ref)
+	c, err := s.RT.Containers.Resolve(ref)
 	if err != nil {
 		return -1, err
 	}
@@ -402,7 +402,7 @@ func (s *Service) ExecStream(ctx context.Context, ref string, req client.ExecReq
 	return res.ExitCode, nil
 }
 
-func execError(ctx context.Context, err error, c *tree.Container, timeout float64) error {
+func execError(ctx context.Context, err error, c *store.Container, timeout float64) error {
 	if errors.Is(err, context.DeadlineExceeded) && timeout > 0 && ctx.Err() == nil {
 		return client.Errorf(http.StatusGatewayTimeout, client.CodeExecTimeout, "exec in %s: the command ran longer than its timeout (%gs) and was killed", c.Display(), timeout)
 	}
@@ -411,13 +411,13 @@ func execError(ctx context.Context, err error, c *tree.Container, timeout float6
 
 // Get returns ref's live view.
 func (s *Service) Get(ctx context.Context, ref string) (*client.Info, error) {
-	c, err := s.RT.Tree.Resolve(ref)
+	c, err := s.RT.Containers.Resolve(ref)
 	if err != nil {
 		return nil, err
 	}
 	in := s.info(c)
 	if c.Parent != "" {
-		if p, err := s.RT.Tree.Get(c.Parent); err == nil {
+		if p, err := s.RT.Containers.Get(c.Parent); err == nil {
 			in.ParentName = p.Name
 		}
 	}
@@ -426,7 +426,7 @@ func (s *Service) Get(ctx context.Context, ref string) (*client.Info, error) {
 
 // List returns the live view of every container, oldest first.
 func (s *Service) List(ctx context.Context) ([]client.Info, error) {
-	all, err := s.RT.Tree.List()
+	all, err := s.RT.Containers.List()
 	if err != nil {
 		return nil, err
 	}
@@ -479,12 +479,12 @@ func (s *Service) Tree(ctx context.Context) ([]client.TreeNode, error) {
 
 // Stats returns ref's memory (cgroup), family, snapshot and timing figures.
 func (s *Service) Stats(ctx context.Context, ref string) (*client.Stats, error) {
-	c, err := s.RT.Tree.Resolve(ref)
+	c, err := s.RT.Containers.Resolve(ref)
 	if err != nil {
 		return nil, err
 	}
 	st := &client.Stats{Info: *s.info(c), Family: c.Family, Timings: c.Timings}
-	if cg, err := runtime.Cgroup(c); err == nil {
+	if cg, err := container.Cgroup(c); err == nil {
 		if cs, err := cg.Stats(); err == nil {
 			st.Rss, st.Cache, st.Kmem, st.MappedFile = cs.Rss, cs.Cache, cs.Kmem, cs.MappedFile
 		}
@@ -492,7 +492,7 @@ func (s *Service) Stats(ctx context.Context, ref string) (*client.Stats, error) 
 	if c.Family != "" {
 		st.FamilyBytes = fork.FamilyBytes(c.Family)
 	}
-	if c.State == tree.StateStopped {
+	if c.State == store.StateStopped {
 		st.Snapshot, _ = fork.LoadSnapshot(c.Snapshot)
 	}
 	return st, nil
@@ -509,11 +509,11 @@ func (s *Service) Status(ctx context.Context) (*client.Status, error) {
 	for _, r := range rows {
 		st.Memory += r.MemoryBytes
 		switch r.State {
-		case tree.StateRunning:
+		case store.StateRunning:
 			st.Running++
-		case tree.StateFrozen:
+		case store.StateFrozen:
 			st.Frozen++
-		case tree.StateStopped:
+		case store.StateStopped:
 			st.Stopped++
 		default:
 			st.Exited++
@@ -527,18 +527,18 @@ func (s *Service) GC(ctx context.Context) error { return fork.GC(s.RT) }
 
 // Clean deletes every stopped or exited container (`lazyfork daemon clean`).
 func (s *Service) Clean(ctx context.Context) ([]string, error) {
-	all, err := s.RT.Tree.List()
+	all, err := s.RT.Containers.List()
 	if err != nil {
 		return nil, err
 	}
 	deleted := []string{}
 	var errs []error
 	for _, c := range all {
-		if st := s.RT.State(c); st != tree.StateStopped && st != tree.StateExited {
+		if st := s.RT.State(c); st != store.StateStopped && st != store.StateExited {
 			continue
 		}
 		if err := s.Delete(ctx, c.ID); err != nil {
-			if !errors.Is(err, tree.ErrNotFound) {
+			if !errors.Is(err, store.ErrNotFound) {
 				errs = append(errs, err)
 			}
 			continue
@@ -551,11 +551,11 @@ func (s *Service) Clean(ctx context.Context) ([]string, error) {
 // Logs writes ref's output log to w; with follow it keeps going until ctx ends or the
 // container is deleted.
 func (s *Service) Logs(ctx context.Context, ref string, follow bool, w io.Writer) error {
-	c, err := s.RT.Tree.Resolve(ref)
+	c, err := s.RT.Containers.Resolve(ref)
 	if err != nil {
 		return err
 	}
-	f, err := runtime.OpenLog(c) // inside the container's root, regular files only
+	f, err := container.OpenLog(c) // inside the container's root, regular files only
 	if err != nil {
 		return err
 	}
@@ -571,7 +571,7 @@ func (s *Service) Logs(ctx context.Context, ref string, follow bool, w io.Writer
 			return nil
 		}
 		if i%5 == 4 {
-			if _, err := s.RT.Tree.Get(c.ID); err != nil {
+			if _, err := s.RT.Containers.Get(c.ID); err != nil {
 				return nil // deleted
 			}
 		}
@@ -584,7 +584,7 @@ func (s *Service) Logs(ctx context.Context, ref string, follow bool, w io.Writer
 }
 
 // info is the live view of c in the API's shape.
-func (s *Service) info(c *tree.Container) *client.Info {
+func (s *Service) info(c *store.Container) *client.Info {
 	in := s.RT.Inspect(c)
 	return &in
 }

@@ -33,7 +33,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, req client.E
 		writeError(w, err)
 		return
 	}
-	if _, err := s.svc.RT.Tree.Resolve(ref); err != nil {
+	if _, err := s.svc.RT.Containers.Resolve(ref); err != nil {
 		writeError(w, err)
 		return
 	}

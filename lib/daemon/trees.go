@@ -9,7 +9,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // treeHub is the service's view of snapshot trees: one lib/snaptree Manager (the same
@@ -142,7 +142,7 @@ func (s *Service) CreateTree(ctx context.Context, req client.TreeCreateRequest) 
 		return nil, err
 	}
 	if req.Name != "" {
-		if err := tree.ValidateName(req.Name); err != nil {
+		if err := store.ValidateName(req.Name); err != nil {
 			return nil, fmt.Errorf("tree name: %w", err)
 		}
 		all, err := s.Trees().List()
@@ -157,11 +157,11 @@ func (s *Service) CreateTree(ctx context.Context, req client.TreeCreateRequest) 
 	}
 	o := snaptree.CreateOptions{Name: req.Name, Budget: &b, KSM: req.KSM, Label: req.Label}
 	if req.Adopt != "" {
-		c, err := s.RT.Tree.Resolve(req.Adopt)
+		c, err := s.RT.Containers.Resolve(req.Adopt)
 		if err != nil {
 			return nil, err
 		}
-		if st := s.RT.State(c); st != tree.StateRunning {
+		if st := s.RT.State(c); st != store.StateRunning {
 			return nil, client.Errorf(http.StatusConflict, client.CodeInvalidState, "adopt %s: it is %s; only a running container can root a tree (start it first)", c.Display(), st)
 		}
 	} else if o.Container, err = s.createOptions(ctx, *req.Root, nil); err != nil {
@@ -202,7 +202,7 @@ func (s *Service) TreeNode(ctx context.Context, ref, node string) (*snaptree.Nod
 	if n := t.Nodes[node]; n != nil {
 		return n, nil
 	}
-	c, err := s.RT.Tree.Resolve(node)
+	c, err := s.RT.Containers.Resolve(node)
 	if err != nil {
 		return nil, fmt.Errorf("tree %s: node %q: %w", t.ID, node, err)
 	}
@@ -272,11 +272,11 @@ func (s *Service) ForkNode(ctx context.Context, ref, node string, req client.Tre
 		return nil, badRequest("n = %d: at most %d forks per request", n, MaxForks)
 	}
 	for _, name := range req.Names {
-		if err := tree.ValidateName(name); err != nil {
+		if err := store.ValidateName(name); err != nil {
 			return nil, err
 		}
 	}
-	if err := s.RT.Tree.CheckNamesFree(req.Names); err != nil {
+	if err := s.RT.Containers.CheckNamesFree(req.Names); err != nil {
 		return nil, err
 	}
 	if err := checkLabels(req.Labels...); err != nil {
@@ -304,10 +304,10 @@ func (s *Service) RollbackNode(ctx context.Context, ref, node string, req client
 		return nil, err
 	}
 	if req.Name != "" {
-		if err := tree.ValidateName(req.Name); err != nil {
+		if err := store.ValidateName(req.Name); err != nil {
 			return nil, err
 		}
-		if err := s.RT.Tree.CheckNamesFree([]string{req.Name}); err != nil {
+		if err := s.RT.Containers.CheckNamesFree([]string{req.Name}); err != nil {
 			return nil, err
 		}
 	}

@@ -19,12 +19,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/network"
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 // counterServer answers every GET with how many requests it has served: state in memory
@@ -48,7 +48,7 @@ http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
 // bridgeRuntime is a runtime whose bridge and subnet are the test's own (a /24 picked at
 // random in 10.213.0.0/16, or the prefix length given), and that checks, after every
 // container is deleted, that no veth, bridge or NAT rule of it is left.
-func bridgeRuntime(t *testing.T, bits int) *runtime.Runtime {
+func bridgeRuntime(t *testing.T, bits int) *container.Runtime {
 	t.Helper()
 	br := fmt.Sprintf("lfbrt%05d", rand.IntN(100000))
 	subnet := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 213, byte(rand.IntN(256)), 0}), bits).Masked()
@@ -84,7 +84,7 @@ func bridgeClient(bridge string) *http.Client {
 	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
 }
 
-func addrOf(t *testing.T, c *tree.Container) string {
+func addrOf(t *testing.T, c *store.Container) string {
 	t.Helper()
 	p, err := netip.ParsePrefix(c.Addr)
 	if err != nil {
@@ -94,7 +94,7 @@ func addrOf(t *testing.T, c *tree.Container) string {
 }
 
 // get asks the counter server at c's address, retrying while it is not yet listening.
-func get(t *testing.T, cl *http.Client, c *tree.Container) int {
+func get(t *testing.T, cl *http.Client, c *store.Container) int {
 	t.Helper()
 	url := "http://" + addrOf(t, c) + ":8080/"
 	var last error
@@ -130,12 +130,12 @@ func hostLinkExists(id string) bool {
 func TestForkHTTPServerInBridgeMode(t *testing.T) {
 	rt := bridgeRuntime(t, 24)
 	cl := bridgeClient(rt.Network.Bridge)
-	src, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "web", Net: runtime.NetBridge,
+	src, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "web", Net: container.NetBridge,
 		Command: []string{"python3", "-c", counterServer}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if src.Net != runtime.NetBridge || src.Bridge != rt.Network.Bridge || !hostLinkExists(src.ID) {
+	if src.Net != container.NetBridge || src.Bridge != rt.Network.Bridge || !hostLinkExists(src.ID) {
 		t.Fatalf("record: net %q bridge %q addr %q; veth there: %v", src.Net, src.Bridge, src.Addr, hostLinkExists(src.ID))
 	}
 	for i := 1; i <= 3; i++ {
@@ -152,7 +152,7 @@ func TestForkHTTPServerInBridgeMode(t *testing.T) {
 			t.Fatalf("%s and %s both hold %s", f.ID, other, a)
 		}
 		seen[a] = f.ID
-		if f.Bridge != src.Bridge || f.Net != runtime.NetBridge {
+		if f.Bridge != src.Bridge || f.Net != container.NetBridge {
 			t.Errorf("fork %s: net %q bridge %q", f.ID, f.Net, f.Bridge)
 		}
 	}
@@ -176,7 +176,7 @@ func TestForkHTTPServerInBridgeMode(t *testing.T) {
 	if n := get(t, cl, grand); n != 6 {
 		t.Errorf("grandchild: %d, want 6", n)
 	}
-	if in := rt.Inspect(grand); in.Net != runtime.NetBridge || in.Address != addrOf(t, grand) {
+	if in := rt.Inspect(grand); in.Net != container.NetBridge || in.Address != addrOf(t, grand) {
 		t.Errorf("inspect: net %q address %q, want bridge %s", in.Net, in.Address, addrOf(t, grand))
 	}
 	// Without --nat the subnet is all there is: no default route inside (read, not tried),
@@ -231,7 +231,7 @@ func TestForkHTTPServerInBridgeMode(t *testing.T) {
 // record, no veth; the forks that fit work.
 func TestBridgeAddressExhaustion(t *testing.T) {
 	rt := bridgeRuntime(t, 29) // 5 addresses for containers
-	src, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Net: runtime.NetBridge, Command: []string{"sleep", "1000"}})
+	src, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Net: container.NetBridge, Command: []string{"sleep", "1000"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestBridgeAddressExhaustion(t *testing.T) {
 	if !errors.Is(err, network.ErrExhausted) || !strings.Contains(err.Error(), "LAZYFORK_SUBNET") {
 		t.Fatalf("fork of 5 into 4 free addresses: %v", err)
 	}
-	all, _ := rt.Tree.List()
+	all, _ := rt.Containers.List()
 	if len(all) != 1 {
 		t.Fatalf("%d records after the refused batch, want the source only", len(all))
 	}
@@ -247,10 +247,10 @@ func TestBridgeAddressExhaustion(t *testing.T) {
 	if len(forks) != 4 {
 		t.Fatal("4 forks")
 	}
-	if _, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Net: runtime.NetBridge, Command: []string{"true"}}); !errors.Is(err, network.ErrExhausted) {
+	if _, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Net: container.NetBridge, Command: []string{"true"}}); !errors.Is(err, network.ErrExhausted) {
 		t.Fatalf("create with the subnet full: %v", err)
 	}
-	if all, _ := rt.Tree.List(); len(all) != 5 {
+	if all, _ := rt.Containers.List(); len(all) != 5 {
 		t.Fatalf("%d records after the refused create, want 5", len(all))
 	}
 }
@@ -273,15 +273,15 @@ func TestBridgeBadSettings(t *testing.T) {
 		if c.subnet == "" {
 			rt.Network.Subnet = "10.213.0.0/24"
 		}
-		_, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Net: runtime.NetBridge, Command: []string{"true"}})
+		_, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Net: container.NetBridge, Command: []string{"true"}})
 		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%+v: %v", c, err)
 		}
 	}
-	if all, _ := rt.Tree.List(); len(all) != 0 {
+	if all, _ := rt.Containers.List(); len(all) != 0 {
 		t.Errorf("%d records left", len(all))
 	}
-	if _, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, NAT: true, Command: []string{"true"}}); err == nil || !strings.Contains(err.Error(), "--net bridge") {
+	if _, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, NAT: true, Command: []string{"true"}}); err == nil || !strings.Contains(err.Error(), "--net bridge") {
 		t.Errorf("--nat without bridge: %v", err)
 	}
 }
@@ -322,12 +322,12 @@ time.sleep(100000)
 // fork runs (it would speak with the source's address), and the fork can connect anew.
 func TestBridgeOutsideConnectionClosedInFork(t *testing.T) {
 	rt := bridgeRuntime(t, 24)
-	db, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "db", Net: runtime.NetBridge, Command: []string{"python3", "-c", echoServer}})
+	db, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "db", Net: container.NetBridge, Command: []string{"python3", "-c", echoServer}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	dbAddr := addrOf(t, db)
-	var app *tree.Container
+	var app *store.Container
 	testutil.Eventually(t, 15*time.Second, "the client to connect", func() bool {
 		if app != nil {
 			if l := lines(app); strings.HasPrefix(l[len(l)-1], "ok") {
@@ -335,7 +335,7 @@ func TestBridgeOutsideConnectionClosedInFork(t *testing.T) {
 			}
 			_ = rt.Delete(app) // the server was not listening yet
 		}
-		app, err = rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "app", Net: runtime.NetBridge, Command: []string{"python3", "-c", echoClient, dbAddr}})
+		app, err = rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "app", Net: container.NetBridge, Command: []string{"python3", "-c", echoClient, dbAddr}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -371,7 +371,7 @@ func TestBridgeNATRules(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644) })
 	rt := bridgeRuntime(t, 24)
-	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Net: runtime.NetBridge, NAT: true, Command: []string{"sleep", "1000"}})
+	c, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Net: container.NetBridge, NAT: true, Command: []string{"sleep", "1000"}})
 	if err != nil {
 		t.Fatal(err)
 	}

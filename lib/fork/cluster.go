@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/network"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // ClusterOptions tune ForkCluster.
@@ -28,7 +28,7 @@ type ClusterOptions struct {
 // (loopback up) with every member restored into it while its traffic is held, so no
 // member resets a connection to one not restored yet; the members' connections to each
 // other continue in every fork, and in the source cluster.
-func ForkCluster(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o ClusterOptions) (_ *stage.ClusterFork, retErr error) {
+func ForkCluster(ctx context.Context, rt *container.Runtime, c *store.Container, o ClusterOptions) (_ *stage.ClusterFork, retErr error) {
 	if o.N <= 0 {
 		return nil, fmt.Errorf("fork cluster %s: -n must be at least 1", c.Display())
 	}
@@ -41,7 +41,7 @@ func ForkCluster(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o 
 		if err := stage.CheckRecord(m); err != nil {
 			return nil, fmt.Errorf("fork cluster %s: %w", leader.Display(), err)
 		}
-		if st := rt.State(m); st != tree.StateRunning {
+		if st := rt.State(m); st != store.StateRunning {
 			return nil, fmt.Errorf("fork cluster %s: member %s is %s; every member must be running", leader.Display(), m.Display(), st)
 		}
 	}
@@ -121,7 +121,7 @@ func ForkCluster(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o 
 	}
 
 	// The forks, one whole cluster at a time; a failure undoes every fork made so far.
-	var made []*tree.Container
+	var made []*store.Container
 	defer func() {
 		if retErr != nil {
 			for j := len(made) - 1; j >= 0; j-- {
@@ -133,7 +133,7 @@ func ForkCluster(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o 
 		fs, err := restoreCluster(ctx, rt, snaps)
 		for _, x := range fs {
 			if x.ID != "" {
-				if r, gerr := rt.Tree.Get(x.ID); gerr == nil {
+				if r, gerr := rt.Containers.Get(x.ID); gerr == nil {
 					made = append(made, r)
 				}
 			}
@@ -151,14 +151,14 @@ func ForkCluster(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o 
 
 // restoreCluster restores one fork of a cluster: a new namespace, traffic held, the
 // members restored into it leader first, traffic released.
-func restoreCluster(ctx context.Context, rt *runtime.Runtime, snaps []*stage.Snapshot) (_ []stage.Fork, retErr error) {
+func restoreCluster(ctx context.Context, rt *container.Runtime, snaps []*stage.Snapshot) (_ []stage.Fork, retErr error) {
 	ns, err := network.NewNetNS()
 	if err != nil {
 		return nil, err
 	}
 	defer ns.Release() // the restored members hold the namespace from here on
 	var pass []netip.Addr
-	if s := snaps[0]; s.Net == runtime.NetBridge {
+	if s := snaps[0]; s.Net == container.NetBridge {
 		if p, err := netip.ParsePrefix(s.Addr); err == nil {
 			pass = append(pass, p.Addr())
 		}
@@ -180,12 +180,12 @@ func restoreCluster(ctx context.Context, rt *runtime.Runtime, snaps []*stage.Sna
 			cluster = fs[0].ID
 			// Bridge mode: the leader's restore attached the namespace with the fork's
 			// own address (and parked the parent's); the members share it.
-			if l, err := rt.Tree.Get(cluster); err == nil {
+			if l, err := rt.Containers.Get(cluster); err == nil {
 				addr = l.Addr
 			}
 		}
 	}
-	if s := snaps[0]; s.Net == runtime.NetBridge && s.Addr != "" {
+	if s := snaps[0]; s.Net == container.NetBridge && s.Addr != "" {
 		// Every member is back: their copies of the parent's sockets bound to its address
 		// (connections to the outside) are closed before any packet leaves.
 		if err := network.CloseInheritedIn(ns.Path, s.Addr); err != nil {

@@ -14,12 +14,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/hook"
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 const loopbackServer = `import socket, threading
@@ -63,7 +63,7 @@ time.sleep(1000000)
 func TestClusterForkKeepsLoopbackConnection(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	srv := create(t, rt, "srv", "python3", "-c", loopbackServer)
-	cl, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", loopbackClient}})
+	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", loopbackClient}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestClusterForkKeepsLoopbackConnection(t *testing.T) {
 		}
 		t.Logf("member %s paused %.1f ms (criu frozen %.1f ms)", m.ID, m.PauseMs, m.FrozenMs)
 	}
-	clients := []*tree.Container{mustGet(t, rt, cl.ID)}
+	clients := []*store.Container{mustGet(t, rt, cl.ID)}
 	for i := 0; i < 3; i++ {
 		s, c := mustGet(t, rt, res.Members[0].Forks[i].ID), mustGet(t, rt, res.Members[1].Forks[i].ID)
 		if s.Cluster != s.ID || c.Cluster != s.ID {
@@ -117,7 +117,7 @@ func TestClusterForkKeepsLoopbackConnection(t *testing.T) {
 func TestClusterMemberAlone(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	srv := create(t, rt, "srv", "python3", "-c", loopbackServer)
-	cl, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Join: srv.ID, Command: []string{"python3", "-c", loopbackClient}})
+	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Join: srv.ID, Command: []string{"python3", "-c", loopbackClient}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,23 +198,23 @@ func TestBridgeClusterFork(t *testing.T) {
 	rt := bridgeRuntime(t, 24)
 	br := rt.Network.Bridge
 	server := strings.Replace(loopbackServer, `("127.0.0.1", 8080)`, `("0.0.0.0", 8080)`, 1)
-	srv, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "srv", Net: runtime.NetBridge, Command: []string{"python3", "-c", server}})
+	srv, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "srv", Net: container.NetBridge, Command: []string{"python3", "-c", server}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A member takes the cluster's network: another mode, or NAT of its own, is refused.
-	for _, o := range []runtime.CreateOptions{{Net: runtime.NetNone}, {Net: runtime.NetHost}, {NAT: true}} {
+	for _, o := range []container.CreateOptions{{Net: container.NetNone}, {Net: container.NetHost}, {NAT: true}} {
 		o.Image, o.Join, o.Command = testutil.DefaultImage, "srv", []string{"true"}
 		if _, err := rt.Create(ctx, o); err == nil || !strings.Contains(err.Error(), "leave") {
 			t.Errorf("join with net %q nat %v: %v", o.Net, o.NAT, err)
 		}
 	}
-	cl, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", loopbackClient}})
+	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", loopbackClient}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv = mustGet(t, rt, srv.ID)
-	if cl.Cluster != srv.ID || cl.Net != runtime.NetBridge || cl.Addr != srv.Addr || cl.Bridge != br || hostLinkExists(cl.ID) {
+	if cl.Cluster != srv.ID || cl.Net != container.NetBridge || cl.Addr != srv.Addr || cl.Bridge != br || hostLinkExists(cl.ID) {
 		t.Fatalf("member: cluster %q net %q addr %q (leader's %q) bridge %q; own veth %v", cl.Cluster, cl.Net, cl.Addr, srv.Addr, cl.Bridge, hostLinkExists(cl.ID))
 	}
 	testutil.Eventually(t, timescale.Scale(15*time.Second), "the pair to talk", func() bool { return len(lines(cl)) > 3 })
@@ -230,12 +230,12 @@ func TestBridgeClusterFork(t *testing.T) {
 	if len(res.Members) != 2 || len(res.Leaders) != 3 {
 		t.Fatalf("%d members, %d forks", len(res.Members), len(res.Leaders))
 	}
-	leaders := []*tree.Container{srv}
-	clients := []*tree.Container{mustGet(t, rt, cl.ID)}
+	leaders := []*store.Container{srv}
+	clients := []*store.Container{mustGet(t, rt, cl.ID)}
 	seen := map[string]string{srv.Addr: srv.ID}
 	for i := 0; i < 3; i++ {
 		s, c := mustGet(t, rt, res.Members[0].Forks[i].ID), mustGet(t, rt, res.Members[1].Forks[i].ID)
-		if s.Cluster != s.ID || c.Cluster != s.ID || s.Net != runtime.NetBridge || c.Net != runtime.NetBridge {
+		if s.Cluster != s.ID || c.Cluster != s.ID || s.Net != container.NetBridge || c.Net != container.NetBridge {
 			t.Errorf("fork %d: clusters %q and %q (want %s), nets %q %q", i, s.Cluster, c.Cluster, s.ID, s.Net, c.Net)
 		}
 		if other, ok := seen[s.Addr]; ok || s.Addr == "" {
@@ -268,7 +268,7 @@ func TestBridgeClusterFork(t *testing.T) {
 			t.Errorf("%s at %s from the host: %q", s.ID, addrOf(t, s), got)
 		}
 	}
-	if in := rt.Inspect(clients[1]); in.Address != addrOf(t, leaders[1]) || in.Net != runtime.NetBridge {
+	if in := rt.Inspect(clients[1]); in.Address != addrOf(t, leaders[1]) || in.Net != container.NetBridge {
 		t.Errorf("inspect of a fork's member: net %q address %q, want bridge %s", in.Net, in.Address, addrOf(t, leaders[1]))
 	}
 
@@ -294,14 +294,14 @@ func TestBridgeClusterFork(t *testing.T) {
 	var spaces []string
 	for i := 2; i < 4; i++ {
 		spaces = append(spaces, netnsOf(t, leaders[i].Pid))
-		for _, c := range []*tree.Container{clients[i], leaders[i]} {
+		for _, c := range []*store.Container{clients[i], leaders[i]} {
 			if err := rt.Delete(c); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	spaces = append(spaces, netnsOf(t, srv.Pid))
-	for _, c := range []*tree.Container{clients[0], srv} {
+	for _, c := range []*store.Container{clients[0], srv} {
 		if err := rt.Delete(c); err != nil {
 			t.Fatal(err)
 		}
@@ -309,7 +309,7 @@ func TestBridgeClusterFork(t *testing.T) {
 	testutil.Eventually(t, timescale.Scale(10*time.Second), "every namespace to go", func() bool {
 		return !slices.ContainsFunc(spaces, netnsHeld)
 	})
-	if all, _ := rt.Tree.List(); len(all) != 0 {
+	if all, _ := rt.Containers.List(); len(all) != 0 {
 		t.Errorf("%d records left", len(all))
 	}
 	// checkNoNetworkLeft (bridgeRuntime's clean-up) checks the bridge, veths and NAT rules.

@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/hook"
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 // prober is a confined workload: it counts, keeps a heap whose checksum it prints, uses
@@ -97,14 +97,14 @@ for i in itertools.count():
 `
 
 // runProbe makes c's workload try the escapes and returns what each attempt gave.
-func runProbe(t *testing.T, rt *runtime.Runtime, c *tree.Container, otherPid int) map[string]any {
+func runProbe(t *testing.T, rt *container.Runtime, c *store.Container, otherPid int) map[string]any {
 	t.Helper()
 	execOut(t, rt, c, "sh", "-c", fmt.Sprintf("rm -f /tmp/probe.out; echo %d > /tmp/other-pid; touch /tmp/probe", otherPid))
 	var out string
 	for deadline := time.Now().Add(timescale.Scale(30 * time.Second)); out == ""; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			l := logLines(c)
-			t.Fatalf("no probe results from %s after %v; alive %v; log ends %q", c.ID, timescale.Scale(30*time.Second), runtime.Alive(c), l[max(0, len(l)-12):])
+			t.Fatalf("no probe results from %s after %v; alive %v; log ends %q", c.ID, timescale.Scale(30*time.Second), container.Alive(c), l[max(0, len(l)-12):])
 		}
 		out = tryExec(rt, c, "cat", "/tmp/probe.out")
 	}
@@ -167,7 +167,7 @@ func procStatus(t *testing.T, pid int) string {
 // cgroupFile reads a v1 limit file of c's cgroup, or its v2 equivalent on a v2 group:
 // memory.max for memory.limit_in_bytes, pids.max as is; v2 has no devices.list (the
 // rules are an eBPF program), so there it is what the rules let a process in c do.
-func cgroupFile(t *testing.T, rt *runtime.Runtime, c *tree.Container, ctrl, file string) string {
+func cgroupFile(t *testing.T, rt *container.Runtime, c *store.Container, ctrl, file string) string {
 	t.Helper()
 	path := filepath.Join("/sys/fs/cgroup", ctrl, c.Cgroup[ctrl], file)
 	if g, v2 := c.Cgroup["unified"]; v2 {
@@ -188,7 +188,7 @@ func cgroupFile(t *testing.T, rt *runtime.Runtime, c *tree.Container, ctrl, file
 
 // deviceAccess is what the v2 eBPF device program lets a process exec'd in c do: mknod
 // of a block device (7:0), of a char device off the allow-list (1:1) and of one on it (1:3).
-func deviceAccess(t *testing.T, rt *runtime.Runtime, c *tree.Container) string {
+func deviceAccess(t *testing.T, rt *container.Runtime, c *store.Container) string {
 	t.Helper()
 	return execOut(t, rt, c, "sh", "-c", `for n in "b 7 0" "c 1 1" "c 1 3"; do if mknod /tmp/lf-dev $n 2>/dev/null; then r=ok; else r=refused; fi; rm -f /tmp/lf-dev; printf '%s:%s ' "$n" $r; done`)
 }
@@ -198,7 +198,7 @@ func deviceAccess(t *testing.T, rt *runtime.Runtime, c *tree.Container) string {
 func TestConfinedContainerAndForks(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	other := create(t, rt, "other", "sleep", "1000")
-	src, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "prober",
+	src, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "prober",
 		Command: []string{"python3", "-c", proberPy}, Memory: 512 << 20, PidsLimit: 100})
 	if err != nil {
 		t.Fatal(err)
@@ -240,7 +240,7 @@ func TestConfinedContainerAndForks(t *testing.T) {
 	// subprocess fine in every tick (each line: i heap_ok subprocess_rc rows).
 	execOut(t, rt, b, "rm", "/tmp/pause")
 	lines := func() []string {
-		raw, _ := os.ReadFile(runtime.LogPath(b))
+		raw, _ := os.ReadFile(container.LogPath(b))
 		return strings.Split(strings.TrimSpace(string(raw)), "\n")
 	}
 	n := len(lines()) // lines, not logLines' words: 20 more ticks, not 4 times as many
@@ -252,7 +252,7 @@ func TestConfinedContainerAndForks(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("sibling %s did not go on: %d log lines, %d when unpaused; alive %v; log ends %q",
-				b.ID, len(l), n, runtime.Alive(b), l[max(0, len(l)-5):])
+				b.ID, len(l), n, container.Alive(b), l[max(0, len(l)-5):])
 		}
 	}
 	last := lines()
@@ -264,7 +264,7 @@ func TestConfinedContainerAndForks(t *testing.T) {
 			t.Errorf("sibling %s line %q: sqlite failed: %s", b.ID, l, f[3])
 		}
 	}
-	if !runtime.Alive(a) {
+	if !container.Alive(a) {
 		t.Errorf("prober fork %s died after its attempts", a.ID)
 	}
 }
@@ -273,7 +273,7 @@ func TestConfinedContainerAndForks(t *testing.T) {
 // started again (restored into a new cgroup), has the same status lines and limits.
 func TestStoppedAndStartedKeepsConfinement(t *testing.T) {
 	rt := testutil.NewRuntime(t)
-	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "agent",
+	c, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "agent",
 		Command: []string{"python3", "-c", counterPy}, Memory: 256 << 20, PidsLimit: 64})
 	if err != nil {
 		t.Fatal(err)
@@ -284,11 +284,11 @@ func TestStoppedAndStartedKeepsConfinement(t *testing.T) {
 	if _, err := fork.Stop(ctx, rt, c, hook.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	c, _ = rt.Tree.Get(c.ID)
+	c, _ = rt.Containers.Get(c.ID)
 	if err := fork.Start(ctx, rt, c); err != nil {
 		t.Fatal(err)
 	}
-	c, _ = rt.Tree.Get(c.ID)
+	c, _ = rt.Containers.Get(c.ID)
 	if got := procStatus(t, c.Pid); got != want {
 		t.Errorf("after stop/start:\n%s\nbefore:\n%s", got, want)
 	}

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 // stepper changes its memory and its files one step per command and otherwise does
@@ -57,7 +57,7 @@ while True:
 `
 
 // ask sends c a command and waits for its answer (the token it echoes first).
-func ask(t *testing.T, rt *runtime.Runtime, c *tree.Container, token string, cmd ...string) string {
+func ask(t *testing.T, rt *container.Runtime, c *store.Container, token string, cmd ...string) string {
 	t.Helper()
 	execOut(t, rt, c, "sh", "-c", "echo "+strings.Join(append(cmd, token), " ")+" > /tmp/cmd")
 	var out string
@@ -81,7 +81,7 @@ func filesAt(k int) string {
 	return fmt.Sprintf("state=%d log=%s files=%s", k, strings.Join(log, ","), strings.Join(fs, ","))
 }
 
-func srvState(t *testing.T, rt *runtime.Runtime, c *tree.Container) string {
+func srvState(t *testing.T, rt *container.Runtime, c *store.Container) string {
 	t.Helper()
 	return execOut(t, rt, c, "sh", "-c", `printf "state=%s log=%s files=%s" "$(cat /srv/state)" "$(paste -sd, /srv/log)" "$(cd /srv && ls -d f-* | sort -t- -k2n | paste -sd,)"`)
 }
@@ -96,7 +96,7 @@ func TestRepeatedForksSeeTheirInstant(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, "ready", func() bool { return len(logLines(src)) > 0 })
 	const steps = 5
 	want := make([]string, steps+2)
-	var forks []*tree.Container
+	var forks []*store.Container
 	for k := 1; k <= steps; k++ {
 		want[k] = ask(t, rt, src, "s"+strconv.Itoa(k), "step", strconv.Itoa(k))
 		if got := srvState(t, rt, src); got != filesAt(k) {
@@ -106,12 +106,12 @@ func TestRepeatedForksSeeTheirInstant(t *testing.T) {
 		if err != nil {
 			t.Fatalf("fork at step %d: %v", k, err)
 		}
-		f, err := rt.Tree.Get(res[0].ID)
+		f, err := rt.Containers.Get(res[0].ID)
 		if err != nil {
 			t.Fatal(err)
 		}
 		forks = append(forks, f)
-		src, _ = rt.Tree.Get(src.ID)
+		src, _ = rt.Containers.Get(src.ID)
 		// 32 MiB of heap is 8,192 pages; a step changes 64 of them and adds 256.
 		if k > 1 && snap.Dump.PagesWritten > 2048 {
 			t.Errorf("fork at step %d dumped %d pages: the source's whole heap again, not what it changed", k, snap.Dump.PagesWritten)
@@ -160,7 +160,7 @@ func TestGenerationFreedWithItsLastUser(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, "ready", func() bool { return len(logLines(src)) > 0 })
 	want1 := ask(t, rt, src, "s1", "step", "1")
 	first := doFork(t, rt, src, 1)[0]
-	src, _ = rt.Tree.Get(src.ID)
+	src, _ = rt.Containers.Get(src.ID)
 	fam := src.Family
 	gen1 := fork.FamilyBytes(fam)
 	if gen1 < 32<<20 {
@@ -174,7 +174,7 @@ func TestGenerationFreedWithItsLastUser(t *testing.T) {
 	if snap.Memfile == nil || !snap.Memfile.Rebased {
 		t.Fatalf("the fork after the source rewrote its heap was not rebased: %+v", snap.Memfile)
 	}
-	second, _ := rt.Tree.Get(res[0].ID)
+	second, _ := rt.Containers.Get(res[0].ID)
 	both := fork.FamilyBytes(fam)
 	if both < gen1+(30<<20) {
 		t.Errorf("after the rebase the family holds %d bytes, want both generations (%d + the heap)", both, gen1)

@@ -19,15 +19,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/memfile"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // memKey names the /.lazyfork/mem bind in CRIU images (an external mount).
@@ -68,7 +68,7 @@ func kdatDir() string { return criu.DefaultKdatDir() }
 
 // Dump checkpoints c's whole process tree and freezes its upper layer at the same
 // instant. The source keeps running unless o.Exit.
-func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOptions) (_ *stage.Snapshot, retErr error) {
+func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o DumpOptions) (_ *stage.Snapshot, retErr error) {
 	name := c.Display()
 	// The record names the processes, cgroup and upper the dump reads: refuse one that
 	// names anything LazyFork did not make (a forged container.json, `lf-tree put`).
@@ -76,8 +76,8 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
 	state := rt.State(c)
-	if o.Cut && state == tree.StateFrozen {
-		state = tree.StateRunning // frozen by ForkCluster for the cut, not by the user
+	if o.Cut && state == store.StateFrozen {
+		state = store.StateRunning // frozen by ForkCluster for the cut, not by the user
 	}
 	if err := guard.Check(guard.OpDump, c, state); err != nil {
 		return nil, err
@@ -124,7 +124,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		s.Family = id // a root container's first generation of forks starts a family
 	}
 	s.FamilyDir = filepath.Join(paths.Families(), s.Family)
-	s.ImagesDir = filepath.Join(s.Dir, "images")
+	s.CheckpointDir = filepath.Join(s.Dir, "images")
 	s.Lower = append([]string{s.Layer}, c.Lower...)
 
 	defer func() {
@@ -137,7 +137,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	if err := Save(s); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
-	if err := os.MkdirAll(s.ImagesDir, 0o700); err != nil {
+	if err := os.MkdirAll(s.CheckpointDir, 0o700); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
 	if err := os.MkdirAll(LayersDir(), 0o700); err != nil {
@@ -190,12 +190,12 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		// Every restore of a confined --net none snapshot makes a fresh namespace with
 		// loopback up (startIn's freshNone): what CRIU would dump of the namespace is never
 		// used, and dumping it (ip, iptables-save, nft) was half of a later fork's pause.
-		EmptyNetNS:     c.Net == runtime.NetNone && o.NetNS == "" && c.Cluster == "" && c.Confine != nil && !c.Confine.Privileged,
+		EmptyNetNS:     c.Net == container.NetNone && o.NetNS == "" && c.Cluster == "" && c.Confine != nil && !c.Confine.Privileged,
 		Pid:            c.Pid,
-		ImagesDir:      s.ImagesDir,
+		CheckpointDir:  s.CheckpointDir,
 		LeaveRunning:   !o.Exit,
 		FreezeCgroup:   cg.FreezerDir(),
-		ExternalMounts: map[string]string{runtime.MemMount: memKey},
+		ExternalMounts: map[string]string{container.MemMount: memKey},
 		// A container's own network namespace holds loopback only, and its processes are
 		// frozen: nothing to lock (and these hosts have no iptables for CRIU's default).
 		NetworkLock: criu.NetworkLockSkip,
@@ -203,7 +203,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 		// the container: each fork gets the pair, connected, in its own namespace.
 		// Bridge mode too: forks close their copies of connections that leave the
 		// namespace (lib/network.CloseInherited); the source keeps them.
-		TCPEstablished: c.Net == runtime.NetNone || c.Net == runtime.NetBridge,
+		TCPEstablished: c.Net == container.NetNone || c.Net == container.NetBridge,
 		Timeout:        DumpTimeout,
 		KdatDir:        kdatDir(),
 		// A criu that outlives this process (killed) finishes or rolls back the dump;
@@ -239,7 +239,7 @@ func Dump(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o DumpOpt
 	}
 	s.Dump = stage.DumpStats{
 		WallMs: stage.Ms(res.Wall), FrozenMs: stage.Ms(res.Frozen), LayerMs: stage.Ms(layerTime),
-		PagesWritten: res.PagesWritten, PagesScanned: res.PagesScanned, ImageBytes: dirBytes(s.ImagesDir),
+		PagesWritten: res.PagesWritten, PagesScanned: res.PagesScanned, CheckpointBytes: dirBytes(s.CheckpointDir),
 	}
 	if err := Save(s); err != nil {
 		return nil, err

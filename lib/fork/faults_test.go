@@ -12,21 +12,21 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 // leftovers summarises everything a failed fork could leave behind: records, mounts,
 // snapshots, memory files, frozen layers and cgroups under the containers' parent.
 func leftovers(t *testing.T, rt interface {
-	List() ([]*tree.Container, error)
+	List() ([]*store.Container, error)
 }) string {
 	t.Helper()
 	recs, _ := rt.List()
@@ -66,9 +66,9 @@ func countCgroupDirs() int {
 }
 
 // requireUntouched checks the source still runs and counts on.
-func requireUntouched(t *testing.T, rt interface{ State(*tree.Container) string }, c *tree.Container) {
+func requireUntouched(t *testing.T, rt interface{ State(*store.Container) string }, c *store.Container) {
 	t.Helper()
-	if st := rt.State(c); st != tree.StateRunning {
+	if st := rt.State(c); st != store.StateRunning {
 		t.Fatalf("source is %s after a failed fork, want running", st)
 	}
 	n := lastInt(c)
@@ -79,7 +79,7 @@ func TestForkBadStates(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	src := create(t, rt, "src", "python3", "-c", counterPy)
 	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 1 })
-	if _, err := rt.Tree.Resolve("nope"); err == nil || !strings.Contains(err.Error(), "lazyfork list") {
+	if _, err := rt.Containers.Resolve("nope"); err == nil || !strings.Contains(err.Error(), "lazyfork list") {
 		t.Errorf("unknown container: %v", err)
 	}
 	if err := rt.Freeze(src); err != nil {
@@ -92,14 +92,14 @@ func TestForkBadStates(t *testing.T) {
 	if err := rt.Thaw(src); err != nil {
 		t.Fatal(err)
 	}
-	before := leftovers(t, rt.Tree)
+	before := leftovers(t, rt.Containers)
 	if _, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 2, Names: []string{"src", "x"}}}); err == nil || !strings.Contains(err.Error(), "already in use") {
 		t.Errorf("fork with a taken name: %v", err)
 	}
 	if _, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 2, Names: []string{"x", "x"}}}); err == nil || !strings.Contains(err.Error(), "given twice") {
 		t.Errorf("fork with one name twice: %v", err)
 	}
-	if after := leftovers(t, rt.Tree); after != before {
+	if after := leftovers(t, rt.Containers); after != before {
 		t.Errorf("a refused fork left things behind:\n before %s\n after  %s", before, after)
 	}
 	requireUntouched(t, rt, src)
@@ -108,7 +108,7 @@ func TestForkBadStates(t *testing.T) {
 	if _, err := fork.Stop(ctx, rt, src, hook.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	src, _ = rt.Tree.Get(src.ID)
+	src, _ = rt.Containers.Get(src.ID)
 	if _, err := fork.Dump(ctx, rt, src, fork.DumpOptions{}); err == nil || !strings.Contains(err.Error(), "lazyfork start") {
 		t.Errorf("dump of a stopped container: %v", err)
 	}
@@ -116,7 +116,7 @@ func TestForkBadStates(t *testing.T) {
 	wantState := func(op guard.Op, err error) {
 		t.Helper()
 		var se *guard.StateError
-		if !errors.As(err, &se) || se.Op != op || se.State != tree.StateStopped {
+		if !errors.As(err, &se) || se.Op != op || se.State != store.StateStopped {
 			t.Errorf("%s of a stopped container: %v, want *guard.StateError{%s, stopped}", op, err, op)
 		}
 	}
@@ -125,14 +125,14 @@ func TestForkBadStates(t *testing.T) {
 	_, err = fork.Stop(ctx, rt, src, hook.Options{})
 	wantState(guard.OpStop, err)
 	wantState(guard.OpFreeze, rt.Freeze(src))
-	_, err = rt.Exec(ctx, src, runtime.ExecOptions{Args: []string{"true"}})
+	_, err = rt.Exec(ctx, src, container.ExecOptions{Args: []string{"true"}})
 	wantState(guard.OpExec, err)
 	if err := fork.Start(ctx, rt, src); err != nil {
 		t.Fatal(err)
 	}
-	src, _ = rt.Tree.Get(src.ID)
+	src, _ = rt.Containers.Get(src.ID)
 	var se *guard.StateError
-	if err := fork.Start(ctx, rt, src); !errors.As(err, &se) || se.Op != guard.OpStart || se.State != tree.StateRunning {
+	if err := fork.Start(ctx, rt, src); !errors.As(err, &se) || se.Op != guard.OpStart || se.State != store.StateRunning {
 		t.Errorf("start of a running container: %v, want *guard.StateError", err)
 	}
 	if err := rt.Thaw(src); !errors.As(err, &se) || se.Op != guard.OpThaw {
@@ -147,12 +147,12 @@ func TestAllocatorRefusedUnlessForced(t *testing.T) {
 	prog := "import mmap, time, shutil\nshutil.copy('/usr/lib/x86_64-linux-gnu/libz.so.1', '/tmp/libjemalloc.so.2')\nf = open('/tmp/libjemalloc.so.2', 'rb')\nm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\nprint('ready', flush=True)\nwhile True: time.sleep(1)\n"
 	src := create(t, rt, "jem", "python3", "-c", prog)
 	testutil.Eventually(t, 10*time.Second, "ready", func() bool { return len(logLines(src)) > 0 })
-	before := leftovers(t, rt.Tree)
+	before := leftovers(t, rt.Containers)
 	_, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
 	if !errors.Is(err, fork.ErrAllocator) || !strings.Contains(err.Error(), "libjemalloc") || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("fork of a jemalloc workload: %v", err)
 	}
-	if after := leftovers(t, rt.Tree); after != before {
+	if after := leftovers(t, rt.Containers); after != before {
 		t.Errorf("refusal left things behind:\n before %s\n after  %s", before, after)
 	}
 	if _, _, err := fork.Fork(ctx, rt, src, fork.Options{Force: true, RestoreOptions: fork.RestoreOptions{N: 1}}); err != nil {
@@ -173,14 +173,14 @@ func TestMemfileBadImages(t *testing.T) {
 	id := "s0000000000ba"
 	dir := filepath.Join(paths.Snapshots(), id)
 	s := &stage.Snapshot{Kind: stage.KindSnapshot, Version: stage.Version, ID: id, State: stage.SnapDumped,
-		Dir: dir, ImagesDir: filepath.Join(dir, "images"), FamilyDir: filepath.Join(paths.Families(), id),
+		Dir: dir, CheckpointDir: filepath.Join(dir, "images"), FamilyDir: filepath.Join(paths.Families(), id),
 		Family: id, Lower: []string{filepath.Join(paths.Layers(), "s0000000000aa")}}
-	for _, d := range []string{s.ImagesDir, s.Lower[0]} {
+	for _, d := range []string{s.CheckpointDir, s.Lower[0]} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
-	os.WriteFile(filepath.Join(s.ImagesDir, "junk"), []byte("x"), 0o600)
+	os.WriteFile(filepath.Join(s.CheckpointDir, "junk"), []byte("x"), 0o600)
 	_, err = fork.Memfile(ctx, s, fork.MemfileOptions{})
 	if err == nil || !strings.Contains(err.Error(), "not a CRIU image") || strings.Contains(err.Error(), "\n") {
 		t.Errorf("memfile of a non-image dir: %v", err)
@@ -200,7 +200,7 @@ func TestMemfileBadImages(t *testing.T) {
 func TestMemfileTruncatedImage(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	src, s := countingSnapshot(t, rt, "trunc", false)
-	pages, _ := filepath.Glob(filepath.Join(s.ImagesDir, "pages-*.img"))
+	pages, _ := filepath.Glob(filepath.Join(s.CheckpointDir, "pages-*.img"))
 	if len(pages) == 0 {
 		t.Fatal("no pages image")
 	}
@@ -224,12 +224,12 @@ func TestRestoreWithMemfilesGone(t *testing.T) {
 	if err := fsutil.RemoveAll(s.FamilyDir); err != nil {
 		t.Fatal(err)
 	}
-	before := leftovers(t, rt.Tree)
+	before := leftovers(t, rt.Containers)
 	_, err := fork.Restore(ctx, rt, s, fork.RestoreOptions{N: 3})
 	if err == nil || !strings.Contains(err.Error(), "memory files") || !strings.Contains(err.Error(), "lf-dump") {
 		t.Fatalf("restore with memfiles gone: %v", err)
 	}
-	if after := leftovers(t, rt.Tree); after != before {
+	if after := leftovers(t, rt.Containers); after != before {
 		t.Errorf("failed restore left things behind:\n before %s\n after  %s", before, after)
 	}
 	// A single memory file gone (the directory still there): CRIU itself fails.
@@ -245,14 +245,14 @@ func TestRestoreWithMemfilesGone(t *testing.T) {
 		t.Fatal("no anonymous memory file")
 	}
 	os.Remove(files[0])
-	before = leftovers(t, rt.Tree)
+	before = leftovers(t, rt.Containers)
 	if _, err = fork.Restore(ctx, rt, s2, fork.RestoreOptions{N: 3}); err == nil {
 		t.Fatal("restore with a memory file missing succeeded")
 	}
 	if strings.Contains(err.Error(), "\n") {
 		t.Errorf("error is not one line: %q", err)
 	}
-	if after := leftovers(t, rt.Tree); after != before {
+	if after := leftovers(t, rt.Containers); after != before {
 		t.Errorf("failed restore left things behind:\n before %s\n after  %s", before, after)
 	}
 	requireUntouched(t, rt, src)
@@ -263,7 +263,7 @@ func TestRestoreWithMemfilesGone(t *testing.T) {
 func TestCriuFailsMidBatch(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	src, s := countingSnapshot(t, rt, "mid", true)
-	before := leftovers(t, rt.Tree)
+	before := leftovers(t, rt.Containers)
 	done := 0
 	_, err := fork.Restore(ctx, rt, s, fork.RestoreOptions{N: 6, Parallel: 1, OnFork: func(stage.Fork) {
 		if done++; done == 2 {
@@ -276,7 +276,7 @@ func TestCriuFailsMidBatch(t *testing.T) {
 	if err == nil {
 		t.Fatal("batch succeeded although CRIU could not open the memory files")
 	}
-	if after := leftovers(t, rt.Tree); after != before {
+	if after := leftovers(t, rt.Containers); after != before {
 		t.Errorf("a failed batch left forks behind:\n before %s\n after  %s", before, after)
 	}
 	requireUntouched(t, rt, src)
@@ -294,7 +294,7 @@ func TestInterruptedBatch(t *testing.T) {
 	if err := rt.Delete(first[0]); err != nil {
 		t.Fatal(err)
 	}
-	before := leftovers(t, rt.Tree)
+	before := leftovers(t, rt.Containers)
 	cctx, cancel := context.WithCancel(ctx)
 	n := 0
 	_, _, err := fork.Fork(cctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 8, Parallel: 2, OnFork: func(stage.Fork) {
@@ -305,24 +305,24 @@ func TestInterruptedBatch(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("interrupted batch: %v", err)
 	}
-	if after := leftovers(t, rt.Tree); after != before {
+	if after := leftovers(t, rt.Containers); after != before {
 		t.Errorf("an interrupted batch left things behind:\n before %s\n after  %s", before, after)
 	}
 	requireUntouched(t, rt, src)
 
 	// A record abandoned by a killed command (its owner is gone) is collected by GC.
-	c, err := rt.Reserve("", func(c *tree.Container) error { c.Image = "x"; return nil })
+	c, err := rt.Reserve("", func(c *store.Container) error { c.Image = "x"; return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.Owner = 1 << 22 // no such pid
-	if err := rt.Tree.Put(c); err != nil {
+	if err := rt.Containers.Put(c); err != nil {
 		t.Fatal(err)
 	}
 	if err := fork.GC(rt); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rt.Tree.Get(c.ID); err == nil {
+	if _, err := rt.Containers.Get(c.ID); err == nil {
 		t.Errorf("abandoned record survived GC")
 	}
 }
@@ -341,12 +341,12 @@ func TestTmpfsFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(small, unix.MNT_DETACH) })
-	before := leftovers(t, rt.Tree)
+	before := leftovers(t, rt.Containers)
 	_, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 2}})
 	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "no space") {
 		t.Fatalf("fork with tmpfs full: %v", err)
 	}
-	if after := leftovers(t, rt.Tree); after != before {
+	if after := leftovers(t, rt.Containers); after != before {
 		t.Errorf("tmpfs full left things behind:\n before %s\n after  %s", before, after)
 	}
 	var st unix.Statfs_t
@@ -358,7 +358,7 @@ func TestTmpfsFull(t *testing.T) {
 
 // countingSnapshot starts a counter container and dumps it once it counts; with memfile,
 // the snapshot's memory is moved into memory files too.
-func countingSnapshot(t *testing.T, rt *runtime.Runtime, name string, memfile bool) (*tree.Container, *stage.Snapshot) {
+func countingSnapshot(t *testing.T, rt *container.Runtime, name string, memfile bool) (*store.Container, *stage.Snapshot) {
 	t.Helper()
 	src := create(t, rt, name, "python3", "-c", counterPy)
 	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 1 })

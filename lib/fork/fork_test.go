@@ -10,21 +10,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 func TestMain(m *testing.M) {
 	criu.MaybeKdatHelper()
-	runtime.MaybeInit()
-	runtime.MaybeCgexec()
+	container.MaybeInit()
+	container.MaybeCgexec()
 	// CRIU's deadlines bound hangs; under emulation (make test-v2) a 256 MB restore alone
 	// can take a minute.
 	fork.DumpTimeout, fork.RestoreTimeout = timescale.Scale(fork.DumpTimeout), timescale.Scale(fork.RestoreTimeout)
@@ -36,41 +36,41 @@ var ctx = context.Background()
 
 const counterPy = "import itertools, time\nfor i in itertools.count():\n    print(i, flush=True)\n    time.sleep(0.1)\n"
 
-func create(t *testing.T, rt *runtime.Runtime, name string, cmd ...string) *tree.Container {
+func create(t *testing.T, rt *container.Runtime, name string, cmd ...string) *store.Container {
 	t.Helper()
-	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: name, Command: cmd})
+	c, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: name, Command: cmd})
 	if err != nil {
 		t.Fatalf("create %s: %v", name, err)
 	}
 	return c
 }
 
-func doFork(t *testing.T, rt *runtime.Runtime, c *tree.Container, n int, names ...string) []*tree.Container {
+func doFork(t *testing.T, rt *container.Runtime, c *store.Container, n int, names ...string) []*store.Container {
 	t.Helper()
 	return doForkWith(t, rt, c, fork.Options{RestoreOptions: fork.RestoreOptions{N: n, Names: names}})
 }
 
-func doForkWith(t *testing.T, rt *runtime.Runtime, c *tree.Container, o fork.Options) []*tree.Container {
+func doForkWith(t *testing.T, rt *container.Runtime, c *store.Container, o fork.Options) []*store.Container {
 	t.Helper()
 	forks, _, err := fork.Fork(ctx, rt, c, o)
 	if err != nil {
 		t.Fatalf("fork %s: %v", c.ID, err)
 	}
-	out := make([]*tree.Container, len(forks))
+	out := make([]*store.Container, len(forks))
 	for i, f := range forks {
-		if out[i], err = rt.Tree.Get(f.ID); err != nil {
+		if out[i], err = rt.Containers.Get(f.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return out
 }
 
-func logLines(c *tree.Container) []string {
-	b, _ := os.ReadFile(runtime.LogPath(c))
+func logLines(c *store.Container) []string {
+	b, _ := os.ReadFile(container.LogPath(c))
 	return strings.Fields(string(b))
 }
 
-func lastInt(c *tree.Container) int {
+func lastInt(c *store.Container) int {
 	l := logLines(c)
 	if len(l) == 0 {
 		return -1
@@ -82,9 +82,9 @@ func lastInt(c *tree.Container) int {
 	return n
 }
 
-func execOut(t *testing.T, rt *runtime.Runtime, c *tree.Container, args ...string) string {
+func execOut(t *testing.T, rt *container.Runtime, c *store.Container, args ...string) string {
 	t.Helper()
-	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: args, Timeout: timescale.Scale(30 * time.Second)})
+	res, err := rt.Exec(ctx, c, container.ExecOptions{Args: args, Timeout: timescale.Scale(30 * time.Second)})
 	if err != nil {
 		t.Fatalf("exec %v in %s: %v", args, c.ID, err)
 	}
@@ -95,8 +95,8 @@ func execOut(t *testing.T, rt *runtime.Runtime, c *tree.Container, args ...strin
 }
 
 // tryExec is execOut for polling: it reports failure instead of failing the test.
-func tryExec(rt *runtime.Runtime, c *tree.Container, args ...string) string {
-	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: args, Timeout: timescale.Scale(30 * time.Second)})
+func tryExec(rt *container.Runtime, c *store.Container, args ...string) string {
+	res, err := rt.Exec(ctx, c, container.ExecOptions{Args: args, Timeout: timescale.Scale(30 * time.Second)})
 	if err != nil || res.ExitCode != 0 {
 		return ""
 	}
@@ -127,7 +127,7 @@ func TestForkContinuesCount(t *testing.T) {
 	// The parent keeps running and counting.
 	before := lastInt(src)
 	testutil.Eventually(t, 5*time.Second, "parent to keep counting", func() bool { return lastInt(src) > before })
-	if st := rt.State(src); st != tree.StateRunning {
+	if st := rt.State(src); st != store.StateRunning {
 		t.Fatalf("parent state %s", st)
 	}
 }
@@ -172,7 +172,7 @@ while True:
 	time.Sleep(time.Second)
 	for _, f := range forks {
 		in := rt.Inspect(f)
-		if in.State != tree.StateRunning {
+		if in.State != store.StateRunning {
 			t.Fatalf("fork %s is %s", f.ID, in.State)
 		}
 		// A few MB at most: the benchmark holds the exact target.
@@ -196,7 +196,7 @@ while True:
 		return d != "" && d != parentDigest
 	})
 	time.Sleep(500 * time.Millisecond)
-	for _, c := range append([]*tree.Container{src}, forks[1:4]...) {
+	for _, c := range append([]*store.Container{src}, forks[1:4]...) {
 		if d := execOut(t, rt, c, "cat", "/tmp/digest"); d != parentDigest {
 			t.Errorf("%s saw fork0's heap write (digest %s)", c.ID, d)
 		}
@@ -218,7 +218,7 @@ func TestForksHaveOwnPidNamespaceAndHostname(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 1 })
 	forks := doFork(t, rt, src, 2)
 	seenNS := map[string]bool{}
-	for _, c := range append([]*tree.Container{src}, forks...) {
+	for _, c := range append([]*store.Container{src}, forks...) {
 		if h := execOut(t, rt, c, "hostname"); h != c.ID {
 			t.Errorf("hostname of %s = %q", c.ID, h)
 		}
@@ -235,13 +235,13 @@ func TestForksHaveOwnPidNamespaceAndHostname(t *testing.T) {
 		seenNS[ns] = true
 	}
 	execOut(t, rt, forks[0], "sh", "-c", "echo mine > /srv/own")
-	if _, err := rt.Exec(ctx, forks[1], runtime.ExecOptions{Args: []string{"cat", "/srv/own"}}); err != nil {
+	if _, err := rt.Exec(ctx, forks[1], container.ExecOptions{Args: []string{"cat", "/srv/own"}}); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ := rt.Exec(ctx, forks[1], runtime.ExecOptions{Args: []string{"cat", "/srv/own"}}); res.ExitCode == 0 {
+	if res, _ := rt.Exec(ctx, forks[1], container.ExecOptions{Args: []string{"cat", "/srv/own"}}); res.ExitCode == 0 {
 		t.Errorf("sibling sees fork0's file")
 	}
-	if res, _ := rt.Exec(ctx, src, runtime.ExecOptions{Args: []string{"cat", "/srv/own"}}); res.ExitCode == 0 {
+	if res, _ := rt.Exec(ctx, src, container.ExecOptions{Args: []string{"cat", "/srv/own"}}); res.ExitCode == 0 {
 		t.Errorf("parent sees fork0's file")
 	}
 }
@@ -265,14 +265,14 @@ for i in itertools.count():
 `
 	root := create(t, rt, "root", "python3", "-c", prog)
 	testutil.Eventually(t, 20*time.Second, "root counting", func() bool { return lastInt(root) >= 1 })
-	chain := []*tree.Container{root}
+	chain := []*store.Container{root}
 	rebased := false
 	for depth := 1; depth <= 9; depth++ {
 		parent := chain[len(chain)-1]
 		if depth == 5 {
 			execOut(t, rt, parent, "touch", "/tmp/dirty")
 			testutil.Eventually(t, 10*time.Second, "dirtying", func() bool {
-				res, _ := rt.Exec(ctx, parent, runtime.ExecOptions{Args: []string{"test", "-e", "/tmp/dirty"}})
+				res, _ := rt.Exec(ctx, parent, container.ExecOptions{Args: []string{"test", "-e", "/tmp/dirty"}})
 				return res != nil && res.ExitCode != 0
 			})
 		}
@@ -283,7 +283,7 @@ for i in itertools.count():
 		if snap.Memfile != nil && snap.Memfile.Rebased {
 			rebased = true
 		}
-		c, err := rt.Tree.Get(forks[0].ID)
+		c, err := rt.Containers.Get(forks[0].ID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -317,8 +317,8 @@ for i in itertools.count():
 	fam := chain[1].Family
 	famDir := filepath.Join(paths.Families(), fam)
 	// Delete everything but one fork of the family: the files stay.
-	all, _ := rt.Tree.List()
-	var keep *tree.Container
+	all, _ := rt.Containers.List()
+	var keep *store.Container
 	for _, c := range all {
 		if c.Family == fam && keep == nil {
 			keep = c
@@ -335,7 +335,7 @@ for i in itertools.count():
 		t.Fatalf("family files removed while %s still maps them", keep.ID)
 	}
 	doFork(t, rt, keep, 1) // still dumpable: no "ghost file"
-	all, _ = rt.Tree.List()
+	all, _ = rt.Containers.List()
 	for _, c := range all {
 		if err := rt.Delete(c); err != nil {
 			t.Fatal(err)
@@ -382,7 +382,7 @@ for i in itertools.count():
 		if in := rt.Inspect(f); in.Procs != 2 {
 			t.Errorf("fork %s has %d processes, want 2", f.ID, in.Procs)
 		}
-		b, _ := os.ReadFile(runtime.LogPath(f))
+		b, _ := os.ReadFile(container.LogPath(f))
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		lastLine := strings.Fields(lines[len(lines)-1])
 		if len(lastLine) < 4 || lastLine[1] != "328350" || lastLine[2] != "True" || lastLine[3] != "1" {
@@ -404,8 +404,8 @@ func TestStopStartAndForkStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, _ = rt.Tree.Get(src.ID)
-	if st := rt.State(src); st != tree.StateStopped {
+	src, _ = rt.Containers.Get(src.ID)
+	if st := rt.State(src); st != store.StateStopped {
 		t.Fatalf("state after stop %s", st)
 	}
 	if in := rt.Inspect(src); in.Procs != 0 || in.MemoryBytes != 0 {
@@ -438,7 +438,7 @@ func TestShareMovesSourceOntoSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, _ = rt.Tree.Get(src.ID)
+	src, _ = rt.Containers.Get(src.ID)
 	at := lastInt(src)
 	testutil.Eventually(t, 10*time.Second, "source to count on after the move", func() bool { return lastInt(src) > at+2 })
 	for i, l := range logLines(src) {

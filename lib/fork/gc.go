@@ -16,12 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/snapshot"
 	"github.com/lazyfork/lazyfork/lib/stage"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/treedoc"
 )
 
@@ -39,30 +39,30 @@ var GCLockWait = 30 * time.Second
 // nothing, when one cannot be read, parsed or trusted: a record it cannot read may be the
 // only reference to a family or a layer. It holds the state lock exclusively, so it never
 // runs while a dump, rewrite or restore is making things no record references yet.
-func GC(rt *runtime.Runtime) error { return gc(rt, GCLockWait) }
+func GC(rt *container.Runtime) error { return gc(rt, GCLockWait) }
 
 // Collect is GC after an operation (a fork, a start, a delete): when a dump, rewrite or
 // restore holds the state lock it returns nil at once instead of waiting, and the garbage
 // waits for the next collection (that operation's, the next delete's, `lazyfork gc`).
-func Collect(rt *runtime.Runtime) error {
+func Collect(rt *container.Runtime) error {
 	if err := gc(rt, time.Nanosecond); err != nil && !errors.Is(err, ErrStateBusy) {
 		return err
 	}
 	return nil
 }
 
-func gc(rt *runtime.Runtime, wait time.Duration) error {
+func gc(rt *container.Runtime, wait time.Duration) error {
 	unlockState, err := LockState(context.Background(), true, wait)
 	if err != nil {
 		return fmt.Errorf("gc: %w", err)
 	}
 	defer unlockState()
-	unlock, err := rt.Tree.Lock()
+	unlock, err := rt.Containers.Lock()
 	if err != nil {
 		return fmt.Errorf("gc: %w", err)
 	}
 	defer unlock()
-	all, halfWritten, err := listRecords(rt.Tree)
+	all, halfWritten, err := listRecords(rt.Containers)
 	if err != nil {
 		return fmt.Errorf("gc: %w (nothing was deleted; fix or remove that record by hand)", err)
 	}
@@ -70,10 +70,10 @@ func gc(rt *runtime.Runtime, wait time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("gc: %w (nothing was deleted; fix or remove that snapshot by hand)", err)
 	}
-	live := map[string]*tree.Container{}
-	var abandoned []*tree.Container
+	live := map[string]*store.Container{}
+	var abandoned []*store.Container
 	for _, c := range all {
-		if c.State == tree.StateCreating && c.Owner > 0 && unix.Kill(c.Owner, 0) != nil {
+		if c.State == store.StateCreating && c.Owner > 0 && unix.Kill(c.Owner, 0) != nil {
 			// Deleting kills its cgroup and removes its directories: only if they are ours.
 			if err := stage.CheckRecord(c); err != nil {
 				return fmt.Errorf("gc: abandoned record %s: %w (nothing was deleted)", c.ID, err)
@@ -154,13 +154,13 @@ var recordDirRe = regexp.MustCompile(`^[0-9a-f]{12}$`)
 // maxRecord bounds a container.json (real ones are a few KiB).
 const maxRecord = 1 << 20
 
-// listRecords is tree.List that fails instead of skipping a record it cannot read. A
+// listRecords is store.List that fails instead of skipping a record it cannot read. A
 // directory whose container.json is missing is given a moment (a delete may be removing
 // it right now) before it counts as unreadable, unless all it holds is a record's pending
 // temp file and nothing is mounted there: a reservation killed while writing its record
 // (reservations hold the tree lock, as GC does, so none is in progress), returned in
 // halfWritten for GC to remove.
-func listRecords(s *tree.Store) (out []*tree.Container, halfWritten []string, err error) {
+func listRecords(s *store.Store) (out []*store.Container, halfWritten []string, err error) {
 	ents, err := os.ReadDir(s.Dir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list containers: %w", err)
@@ -208,7 +208,7 @@ func isHalfWritten(dir string) bool {
 	return true
 }
 
-func readRecord(s *tree.Store, id string) (*tree.Container, error) {
+func readRecord(s *store.Store, id string) (*store.Container, error) {
 	path := filepath.Join(s.Path(id), "container.json")
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -222,12 +222,12 @@ func readRecord(s *tree.Store, id string) (*tree.Container, error) {
 	if len(b) > maxRecord {
 		return nil, fmt.Errorf("read container record %s: larger than %d bytes", path, maxRecord)
 	}
-	var c tree.Container
+	var c store.Container
 	if err := json.Unmarshal(b, &c); err != nil {
 		return nil, fmt.Errorf("parse container record %s: %w", path, err)
 	}
-	if c.Version != tree.RecordVersion {
-		return nil, fmt.Errorf("container record %s: version %d not supported (want %d)", path, c.Version, tree.RecordVersion)
+	if c.Version != store.RecordVersion {
+		return nil, fmt.Errorf("container record %s: version %d not supported (want %d)", path, c.Version, store.RecordVersion)
 	}
 	if c.ID != id {
 		return nil, fmt.Errorf("container record %s: names id %q", path, c.ID)
@@ -237,14 +237,14 @@ func readRecord(s *tree.Store, id string) (*tree.Container, error) {
 
 // waitRecordGone waits briefly for a directory without container.json to disappear (nil,
 // nil) or to get its record; after that it is an error.
-func waitRecordGone(s *tree.Store, id string) (*tree.Container, error) {
+func waitRecordGone(s *store.Store, id string) (*store.Container, error) {
 	var err error
 	for i := 0; i < 20; i++ {
 		time.Sleep(50 * time.Millisecond)
 		if _, serr := os.Lstat(s.Path(id)); errors.Is(serr, os.ErrNotExist) {
 			return nil, nil
 		}
-		var c *tree.Container
+		var c *store.Container
 		if c, err = readRecord(s, id); err == nil {
 			return c, nil
 		}
@@ -277,7 +277,7 @@ func FamilyBytes(family string) int64 {
 
 // groupParents are the parents containers' groups are made under: the runtime's, and
 // every snapshot tree's members' (lib/snaptree).
-func groupParents(rt *runtime.Runtime) []string {
+func groupParents(rt *container.Runtime) []string {
 	out := []string{rt.CgroupParent}
 	trees, _ := treedoc.ReadAll()
 	for _, t := range trees {

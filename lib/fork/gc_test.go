@@ -58,7 +58,7 @@ func TestGCStopsOnUnreadableRecord(t *testing.T) {
 	if _, err := os.Stat(famDir); err != nil {
 		t.Fatalf("family of the fork: %v", err)
 	}
-	recPath := filepath.Join(rt.Tree.Path(f1.ID), "container.json")
+	recPath := filepath.Join(rt.Containers.Path(f1.ID), "container.json")
 	good, err := os.ReadFile(recPath)
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ func TestGCStopsOnUnreadableRecord(t *testing.T) {
 
 	// A reservation killed while writing its record leaves only the pending temp file:
 	// that one GC removes (nothing refers to it, nothing is mounted there).
-	half := rt.Tree.Path("00000000abcd")
+	half := rt.Containers.Path("00000000abcd")
 	if err := os.MkdirAll(half, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +250,7 @@ func TestMemoryFilesArePrivate(t *testing.T) {
 	if err != nil {
 		t.Fatalf("restore from 0400 memory files: %v", err)
 	}
-	f, err := rt.Tree.Get(forks[0].ID)
+	f, err := rt.Containers.Get(forks[0].ID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func pruneGenerations(dir string, snaps []*stage.Snapshot) error {
 		if s.FamilyDir != dir {
 			continue
 		}
-		refs, err := memfile.ReferencedFiles(s.ImagesDir)
+		refs, err := memfile.ReferencedFiles(s.CheckpointDir)
 		if err != nil {
 			return fmt.Errorf("prune %s: snapshot %s: %w", dir, s.ID, err)
 		}

@@ -7,14 +7,14 @@ import (
 	"os"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/ksm"
 	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/overlay"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // Options for Fork: the union of the stages' options.
@@ -39,14 +39,14 @@ type Options struct {
 // Fork runs the whole pipeline on a container: dump it (it keeps running), move the
 // memory into files, restore N forks, drop the transient snapshot. A stopped container
 // is forked straight from the snapshot it was stopped into.
-func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options) ([]stage.Fork, *stage.Snapshot, error) {
+func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Options) ([]stage.Fork, *stage.Snapshot, error) {
 	if err := stage.CheckRecord(c); err != nil {
 		return nil, nil, fmt.Errorf("fork %s: %w", c.Display(), err)
 	}
 	if err := guard.Check(guard.OpFork, c, rt.State(c)); err != nil {
 		return nil, nil, err
 	}
-	if c.State == tree.StateStopped {
+	if c.State == store.StateStopped {
 		s, err := LoadSnapshot(c.Snapshot)
 		if err != nil {
 			return nil, nil, fmt.Errorf("fork %s: %w", c.Display(), err)
@@ -62,11 +62,11 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 	}
 	// Names are checked before the source is touched.
 	for _, n := range o.Names {
-		if err := tree.ValidateName(n); err != nil {
+		if err := store.ValidateName(n); err != nil {
 			return nil, nil, err
 		}
 	}
-	if err := rt.Tree.CheckNamesFree(o.Names); err != nil {
+	if err := rt.Containers.CheckNamesFree(o.Names); err != nil {
 		return nil, nil, err
 	}
 	// The first fork of a container that runs on its own memory moves it onto the
@@ -127,7 +127,7 @@ func Fork(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o Options
 
 // Stop snapshots c and ends its processes. It keeps no process memory (its memory is in
 // the family files), stays forkable, and Start brings it back from the snapshot.
-func Stop(ctx context.Context, rt *runtime.Runtime, c *tree.Container, h hook.Options) (*stage.Snapshot, error) {
+func Stop(ctx context.Context, rt *container.Runtime, c *store.Container, h hook.Options) (*stage.Snapshot, error) {
 	if c.Cluster != "" {
 		// Started again, it would come back in a namespace of its own, out of the cluster.
 		return nil, fmt.Errorf("stop %s: it is a member of cluster %s; stopping one member is not supported (delete it, or fork the cluster)", c.Display(), c.Cluster)
@@ -151,7 +151,7 @@ func Stop(ctx context.Context, rt *runtime.Runtime, c *tree.Container, h hook.Op
 
 // MarkStopped records that c was dumped with its processes ended: its cgroup goes, its
 // root is unmounted (the upper stays), and the snapshot becomes what it restarts from.
-func MarkStopped(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) error {
+func MarkStopped(rt *container.Runtime, c *store.Container, s *stage.Snapshot) error {
 	var errs []error
 	if cg, err := cgroup.LoadOwned(c.Cgroup); err == nil {
 		errs = append(errs, cg.Kill(), cg.Remove())
@@ -160,8 +160,8 @@ func MarkStopped(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 	// Its namespace goes with its processes, the veth with it, but asynchronously: gone
 	// now, and its address stays in the record for Start.
 	errs = append(errs, network.Detach(c.ID))
-	c.State, c.Snapshot, c.Pid, c.StartTime = tree.StateStopped, s.ID, 0, 0
-	errs = append(errs, rt.Tree.Put(c))
+	c.State, c.Snapshot, c.Pid, c.StartTime = store.StateStopped, s.ID, 0, 0
+	errs = append(errs, rt.Containers.Put(c))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("stop %s: %w", c.Display(), err)
 	}
@@ -170,7 +170,7 @@ func MarkStopped(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 
 // Start restores a stopped container from its snapshot, in place: same id, name and
 // upper layer.
-func Start(ctx context.Context, rt *runtime.Runtime, c *tree.Container) error {
+func Start(ctx context.Context, rt *container.Runtime, c *store.Container) error {
 	if err := guard.Check(guard.OpStart, c, rt.State(c)); err != nil {
 		return err
 	}
@@ -189,7 +189,7 @@ func Start(ctx context.Context, rt *runtime.Runtime, c *tree.Container) error {
 }
 
 // resume restores stopped c from s in place. On failure c is stopped as before.
-func resume(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) (retErr error) {
+func resume(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot) (retErr error) {
 	if err := checkRestorable(s); err != nil {
 		return err
 	}
@@ -212,13 +212,13 @@ func resume(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stag
 		return fmt.Errorf("start %s: %w", c.Display(), err)
 	}
 	c.Snapshot = ""
-	return rt.Tree.Put(c)
+	return rt.Containers.Put(c)
 }
 
 // forkSwapped finishes a fork whose dump left the source frozen (DumpOptions.Swap): the
 // rewrite, the source moved onto the snapshot (Swap), then the forks. The source is never
 // lost: until Swap has a new source running, any failure thaws the old one as it was.
-func forkSwapped(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, o Options) ([]stage.Fork, *stage.Snapshot, error) {
+func forkSwapped(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, o Options) ([]stage.Fork, *stage.Snapshot, error) {
 	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages, KSM: o.KSM})
 	if err != nil {
 		err = errors.Join(err, undoSwapDump(c, s))

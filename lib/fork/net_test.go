@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/container"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 // tcpPair is a TCP server on 127.0.0.1:8080 with a client connected to it, in one process:
@@ -36,7 +36,7 @@ for i in itertools.count():
 func TestForkServerWithItsOwnNetwork(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	src := create(t, rt, "server", "python3", "-c", tcpPair)
-	if src.Net != runtime.NetNone {
+	if src.Net != container.NetNone {
 		t.Fatalf("default network mode %q, want none", src.Net)
 	}
 	testutil.Eventually(t, 10*time.Second, "the pair to talk", func() bool { return len(lines(src)) > 3 })
@@ -62,7 +62,7 @@ func TestForkServerWithItsOwnNetwork(t *testing.T) {
 // --net host keeps the host's network (what containers had before).
 func TestNetHost(t *testing.T) {
 	rt := testutil.NewRuntime(t)
-	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "hostnet", Net: runtime.NetHost,
+	c, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "hostnet", Net: container.NetHost,
 		Command: []string{"sleep", "100"}})
 	if err != nil {
 		t.Fatal(err)
@@ -73,14 +73,14 @@ func TestNetHost(t *testing.T) {
 	if got != strconv.Itoa(host) {
 		t.Errorf("--net host sees %s interfaces, the host has %d", got, host)
 	}
-	if _, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Net: "wifi", Command: []string{"true"}}); err == nil || !strings.Contains(err.Error(), "use none") {
+	if _, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Net: "wifi", Command: []string{"true"}}); err == nil || !strings.Contains(err.Error(), "use none") {
 		t.Errorf("unknown mode: %v", err)
 	}
 }
 
-func mustGet(t *testing.T, rt *runtime.Runtime, id string) *tree.Container {
+func mustGet(t *testing.T, rt *container.Runtime, id string) *store.Container {
 	t.Helper()
-	c, err := rt.Tree.Get(id)
+	c, err := rt.Containers.Get(id)
 	if err != nil {
 		t.Fatal(err)
 	}

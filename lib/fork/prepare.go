@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/ksm"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // PrepareOptions tune Prepare.
@@ -26,7 +26,7 @@ type PrepareOptions struct {
 // a new generation (its files are a delta over the family's): old generations' files
 // stay while anything maps them. If c cannot be frozen for the swap (a stopped task), c
 // keeps running on its own memory and the snapshot is still a valid keyframe for forks.
-func Prepare(ctx context.Context, rt *runtime.Runtime, c *tree.Container, o PrepareOptions) (*stage.Snapshot, error) {
+func Prepare(ctx context.Context, rt *container.Runtime, c *store.Container, o PrepareOptions) (*stage.Snapshot, error) {
 	if o.KSM {
 		if err := ksm.Available(); err != nil {
 			return nil, fmt.Errorf("prepare %s with ksm: %w: create the tree without ksm", c.Display(), err)

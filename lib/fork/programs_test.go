@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 // What everyday programs hold forks by default: file locks (flock and POSIX), a temporary
@@ -132,7 +132,7 @@ for i in itertools.count():
 	if err != nil {
 		t.Fatalf("fork of a tree holding a stopped task: %v", err)
 	}
-	f, err := rt.Tree.Get(forks[0].ID)
+	f, err := rt.Containers.Get(forks[0].ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestCancelledDumpLeavesSourceRunning(t *testing.T) {
 			t.Fatalf("fork cancelled after %v: %v, want a deadline error", after, err)
 		}
 		cancelled++
-		if st := rt.State(src); st != tree.StateRunning {
+		if st := rt.State(src); st != store.StateRunning {
 			t.Fatalf("after a fork cancelled at %v the source is %s", after, st)
 		}
 		n := len(lines(src))
@@ -174,8 +174,8 @@ func TestCancelledDumpLeavesSourceRunning(t *testing.T) {
 	t.Logf("%d of 4 forks cancelled mid-way; the source ran on after each", cancelled)
 }
 
-func lastLine(c *tree.Container) string {
-	b, _ := os.ReadFile(runtime.LogPath(c))
+func lastLine(c *store.Container) string {
+	b, _ := os.ReadFile(container.LogPath(c))
 	l := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return l[len(l)-1]
 }
@@ -241,7 +241,7 @@ for i in itertools.count():
 	if err != nil {
 		t.Fatalf("fork of a process with 20,000 mappings: %v", err)
 	}
-	f, err := rt.Tree.Get(forks[0].ID)
+	f, err := rt.Containers.Get(forks[0].ID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,22 +6,22 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // RestoreOptions tune a batch of forks.
@@ -56,7 +56,7 @@ type RestoreOptions struct {
 // Restore makes o.N forks of a memfiled snapshot. Every fork is a new container with its
 // own namespaces, cgroup, overlay upper and hostname, sharing the family memory files.
 // When any fork fails the whole batch is undone and the first error returned.
-func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o RestoreOptions) ([]stage.Fork, error) {
+func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o RestoreOptions) ([]stage.Fork, error) {
 	// Every path comes from the document: the image CRIU reads, the family bound into each
 	// fork, the layers mounted as its root. Nothing is touched before they are known to
 	// be LazyFork's.
@@ -75,7 +75,7 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 		return nil, fmt.Errorf("restore %s: %d names for %d forks", s.ID, len(o.Names), o.N)
 	}
 	for _, n := range o.Names {
-		if err := tree.ValidateName(n); err != nil {
+		if err := store.ValidateName(n); err != nil {
 			return nil, err
 		}
 	}
@@ -95,7 +95,7 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 	}
 	par := o.Parallel
 	if par <= 0 {
-		par = goruntime.NumCPU()
+		par = runtime.NumCPU()
 	}
 	svc := o.Service
 	if o.PerForkCriu || o.NetNS != "" {
@@ -109,12 +109,12 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 	// Bridge mode: each fork gets an address of the source's subnet on its bridge.
 	var alloc func() (string, error)
 	member := o.Cluster != "" && !o.ClusterLeader
-	if s.Net == runtime.NetBridge && member {
+	if s.Net == container.NetBridge && member {
 		if o.ClusterAddr == "" {
 			return nil, fmt.Errorf("restore %s: a bridge-mode cluster member needs its cluster's address", s.ID)
 		}
 		alloc = func() (string, error) { return o.ClusterAddr, nil }
-	} else if s.Net == runtime.NetBridge {
+	} else if s.Net == container.NetBridge {
 		subnet, err := netip.ParsePrefix(s.Addr)
 		if err != nil {
 			return nil, fmt.Errorf("restore %s: bridge mode without an address (%q)", s.ID, s.Addr)
@@ -122,7 +122,7 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 		alloc = rt.AddressAllocator(subnet.Masked())
 	}
 	// One reservation for the whole batch: the names are checked against the store once.
-	forks, err := rt.ReserveN(o.N, o.Names, func(c *tree.Container) error {
+	forks, err := rt.ReserveN(o.N, o.Names, func(c *store.Container) error {
 		c.Image, c.Command, c.Env, c.WorkingDir, c.Hook = s.Image, s.Command, s.Env, s.WorkingDir, s.Hook
 		c.Confine, c.Memory, c.PidsLimit, c.Net = s.Confine, s.Memory, s.PidsLimit, s.Net
 		c.Parent, c.Depth = s.Source.ID, s.Source.Depth+1
@@ -196,8 +196,8 @@ func Restore(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, o Rest
 
 // checkRestorable fails early, with the fix, when what forks need is gone.
 func checkRestorable(s *stage.Snapshot) error {
-	if _, err := os.Stat(filepath.Join(s.ImagesDir, "inventory.img")); err != nil {
-		return fmt.Errorf("restore %s: its CRIU image %s is gone; take a new snapshot with lf-dump", s.ID, s.ImagesDir)
+	if _, err := os.Stat(filepath.Join(s.CheckpointDir, "inventory.img")); err != nil {
+		return fmt.Errorf("restore %s: its CRIU image %s is gone; take a new snapshot with lf-dump", s.ID, s.CheckpointDir)
 	}
 	if _, err := os.Stat(s.FamilyDir); err != nil && s.State != stage.SnapDumped {
 		return fmt.Errorf("restore %s: its memory files %s are gone; take a new snapshot with lf-dump", s.ID, s.FamilyDir)
@@ -225,7 +225,7 @@ func makeDumpedFamily(s *stage.Snapshot) error {
 
 // restoreOne starts the reserved fork c; the batch deletes it if anything fails. Its
 // restore_ms runs from here (its record was written with the batch's) to running.
-func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *tree.Container, h hook.Options, netns string) (stage.Fork, error) {
+func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *store.Container, h hook.Options, netns string) (stage.Fork, error) {
 	begin := time.Now()
 	if err := startIn(ctx, rt, c, s, c.Upper, c.ID, svc, hold, true, netns); err != nil {
 		return stage.Fork{}, err
@@ -238,7 +238,7 @@ func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc
 	if s.Memfile != nil {
 		c.Timings["memfile_ms"] = s.Memfile.Ms
 	}
-	if err := rt.Tree.Put(c); err != nil {
+	if err := rt.Containers.Put(c); err != nil {
 		return stage.Fork{}, err
 	}
 	return stage.Fork{
@@ -250,7 +250,7 @@ func restoreOne(ctx context.Context, rt *runtime.Runtime, s *stage.Snapshot, svc
 
 // start mounts c's overlay (lower = the snapshot's stack, the given upper), makes its
 // cgroup and restores the snapshot into them. The caller undoes a failure with Delete.
-func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper string, svc *criu.Service, hold *os.File) error {
+func start(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, upper string, svc *criu.Service, hold *os.File) error {
 	return startIn(ctx, rt, c, s, upper, c.ID, svc, hold, true, "")
 }
 
@@ -261,7 +261,7 @@ func start(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage
 // its processes had set, as it is the same container.
 //
 // netns, for a cluster member's snapshot, is the namespace criu runs in and restores into.
-func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, hold *os.File, rename bool, netns string) error {
+func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, hold *os.File, rename bool, netns string) error {
 	layer := overlay.Layer{Lower: c.Lower, Upper: upper, Work: c.Work, Target: c.RootFS}
 	if err := overlay.Prepare(layer); err != nil {
 		return fmt.Errorf("fork %s: %w", c.ID, err)
@@ -271,7 +271,7 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 		return fmt.Errorf("fork %s: %w", c.ID, err)
 	}
 	c.Cgroup, c.CgroupV2 = cg.Paths, cg.V2
-	if err := cg.SetLimits(runtime.Limits(c)); err != nil {
+	if err := cg.SetLimits(container.Limits(c)); err != nil {
 		return fmt.Errorf("fork %s: %w", c.ID, err)
 	}
 	work := filepath.Join(paths.Run(), "work", c.ID)
@@ -279,25 +279,25 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 	// A fork (not the source restored in place) inherits sockets bound to its parent's
 	// address; see network.Attachment.
 	parentAddr := ""
-	if c.Net == runtime.NetBridge && s.Addr != "" && s.Addr != c.Addr {
+	if c.Net == container.NetBridge && s.Addr != "" && s.Addr != c.Addr {
 		parentAddr = s.Addr
 	}
 	// A confined --net none container cannot change its namespace (no CAP_NET_ADMIN):
 	// a fresh one with loopback up is all its image's would give, and making it is far
 	// cheaper than CRIU's restore of the dumped one (which runs ip and iptables-restore).
 	// A privileged one keeps CRIU's restore (its sysctls and firewall rules).
-	freshNone := s.Net == runtime.NetNone && netns == "" && !s.SharedNetNS && s.Confine != nil && !s.Confine.Privileged
+	freshNone := s.Net == container.NetNone && netns == "" && !s.SharedNetNS && s.Confine != nil && !s.Confine.Privileged
 	res, err := criu.Restore(ctx, criu.RestoreOptions{
-		ImagesDir:      s.ImagesDir,
+		CheckpointDir:  s.CheckpointDir,
 		WorkDir:        work,
 		Root:           c.RootFS,
 		CgroupRoots:    cg.CriuRootArgs(),
 		ExternalMounts: map[string]string{memKey: s.FamilyDir},
 		NetworkLock:    criu.NetworkLockSkip, // see Dump
-		TCPEstablished: s.Net == runtime.NetNone || s.Net == runtime.NetBridge,
+		TCPEstablished: s.Net == container.NetNone || s.Net == container.NetBridge,
 		// Bridge mode: the namespace is made here, with the fork's own address, before
 		// CRIU restores sockets into it (setup-namespaces below).
-		EmptyNetNS: (s.Net == runtime.NetBridge && netns == "") || freshNone,
+		EmptyNetNS: (s.Net == container.NetBridge && netns == "") || freshNone,
 		Timeout:    RestoreTimeout,
 		KdatDir:    kdatDir(),
 		JoinCgroup: cg.ProcsFiles(),
@@ -313,7 +313,7 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 				if freshNone {
 					return network.LoopbackUp(pid)
 				}
-				return runtime.AttachNetwork(pid, c, parentAddr)
+				return container.AttachNetwork(pid, c, parentAddr)
 			case "post-restore":
 				// A cluster fork's members may all hold the parent's sockets: closed
 				// once every one is restored (restoreCluster).
@@ -339,11 +339,11 @@ func startIn(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *sta
 	// Reap the restored init if we live long enough (tests, daemon).
 	go func() { _, _ = res.Process.Wait() }()
 	c.Pid = res.Pid
-	c.StartTime, err = runtime.StartTime(res.Pid)
+	c.StartTime, err = container.StartTime(res.Pid)
 	if err != nil {
 		return fmt.Errorf("fork %s: restored pid %d: %w", c.ID, res.Pid, err)
 	}
-	c.State = tree.StateRunning
+	c.State = store.StateRunning
 	c.Owner = 0
 	return nil
 }
@@ -361,7 +361,7 @@ func addrOnly(cidr string) string {
 func setHostname(pid int, name string) error {
 	errc := make(chan error, 1)
 	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
 		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/uts", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			errc <- err

@@ -6,13 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/container"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
-func lines(c *tree.Container) []string {
-	b, _ := os.ReadFile(runtime.LogPath(c))
+func lines(c *store.Container) []string {
+	b, _ := os.ReadFile(container.LogPath(c))
 	return strings.Split(strings.TrimSpace(string(b)), "\n")
 }
 

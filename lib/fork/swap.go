@@ -12,11 +12,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/overlay"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // SwapRestoreTimeout bounds the restore of a swap, during which the source is frozen.
@@ -29,7 +29,7 @@ var SwapRestoreTimeout = 30 * time.Second
 // processes. On any failure before that point the old source is thawed where it was, with
 // its upper back in place: nothing is lost. Later dumps of the source capture only what
 // it changes on top of the family's memory files.
-func Swap(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) (retErr error) {
+func Swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot) (retErr error) {
 	if !s.Swap {
 		return fmt.Errorf("swap %s: snapshot %s did not leave the source frozen for a swap", c.Display(), s.ID)
 	}
@@ -56,8 +56,8 @@ func Swap(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.
 		_ = fsutil.RemoveAll(c.Upper) // the new, empty upper
 		// Bridge mode: the new source's namespace took the veth (same name, same
 		// address); the old namespace gets one again.
-		errs = append(errs, runtime.AttachNetwork(c.Pid, c, ""))
-		errs = append(errs, os.Rename(s.Layer, c.Upper), oldCg.Thaw(), rt.Tree.Put(c))
+		errs = append(errs, container.AttachNetwork(c.Pid, c, ""))
+		errs = append(errs, os.Rename(s.Layer, c.Upper), oldCg.Thaw(), rt.Containers.Put(c))
 		undone = true
 		return errors.Join(errs...)
 	}
@@ -96,12 +96,12 @@ func Swap(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.
 	}
 	// Running, not just restored: the new init is alive a moment later.
 	time.Sleep(10 * time.Millisecond)
-	if !runtime.Alive(c) {
+	if !container.Alive(c) {
 		return fmt.Errorf("swap %s: the restored source (pid %d) exited at once", c.Display(), c.Pid)
 	}
 	// The record names the new source before the old one goes: a crash from here on
 	// leaves the new source running and the old frozen group for GC.
-	if err := rt.Tree.Put(c); err != nil {
+	if err := rt.Containers.Put(c); err != nil {
 		return fmt.Errorf("swap %s: %w", c.Display(), err)
 	}
 	var errs []error
@@ -116,7 +116,7 @@ func Swap(ctx context.Context, rt *runtime.Runtime, c *tree.Container, s *stage.
 
 // undoSwapDump thaws a source that a swap dump left frozen and puts its upper back, when
 // the swap cannot go on (the rewrite failed).
-func undoSwapDump(c *tree.Container, s *stage.Snapshot) error {
+func undoSwapDump(c *store.Container, s *stage.Snapshot) error {
 	var errs []error
 	if _, err := os.Stat(s.Layer); err == nil {
 		errs = append(errs, os.Rename(s.Layer, c.Upper))
@@ -132,8 +132,8 @@ func undoSwapDump(c *tree.Container, s *stage.Snapshot) error {
 // swap never committed: any new source is ended and the old one gets its upper back and is
 // thawed. If the record names the new source, the old, frozen processes and their root
 // are ended. Either way exactly one source runs afterwards.
-func recoverSwap(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) error {
-	dir := rt.Tree.Path(c.ID)
+func recoverSwap(rt *container.Runtime, c *store.Container, s *stage.Snapshot) error {
+	dir := rt.Containers.Path(c.ID)
 	newRoot, newWork := filepath.Join(dir, "rootfs-"+s.ID), filepath.Join(dir, "work-"+s.ID)
 	newCgName, oldCgName := c.ID+"-"+s.ID, c.ID
 	var errs []error
@@ -149,8 +149,8 @@ func recoverSwap(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 			// The upper was moved; whatever stands in its place is the new source's, empty.
 			errs = append(errs, fsutil.RemoveAll(c.Upper), os.Rename(s.Layer, c.Upper))
 		}
-		if runtime.Alive(c) {
-			errs = append(errs, runtime.AttachNetwork(c.Pid, c, "")) // see Swap's undo
+		if container.Alive(c) {
+			errs = append(errs, container.AttachNetwork(c.Pid, c, "")) // see Swap's undo
 		}
 		if cg, err := cgroup.LoadOwned(c.Cgroup); err == nil {
 			errs = append(errs, cg.Thaw())
@@ -176,7 +176,7 @@ func recoverSwap(rt *runtime.Runtime, c *tree.Container, s *stage.Snapshot) erro
 // groupParent is where c's groups are: beside the group its record names (a tree
 // member's, old and new, are inside the tree's cgroup, not under the runtime's parent,
 // and a gc may run in another cgroup than the command that made them).
-func groupParent(rt *runtime.Runtime, c *tree.Container) string {
+func groupParent(rt *container.Runtime, c *store.Container) string {
 	if len(c.Cgroup) > 0 {
 		return cgroup.ParentOf(c.Cgroup)
 	}

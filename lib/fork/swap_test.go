@@ -10,8 +10,8 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 // sqliteCounter writes a row per step through one connection held across forks: SQLite
@@ -40,7 +40,7 @@ func TestForkSwapsSourceOntoSnapshot(t *testing.T) {
 	oldPid, oldID, oldHost := src.Pid, src.ID, src.Hostname
 	oldCg := src.Cgroup
 	f := doFork(t, rt, src, 1)[0]
-	cur, err := rt.Tree.Get(oldID)
+	cur, err := rt.Containers.Get(oldID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestForkSwapsSourceOntoSnapshot(t *testing.T) {
 	}
 	for _, c := range []string{cur.ID, f.ID} {
 		c := c
-		rec, _ := rt.Tree.Get(c)
+		rec, _ := rt.Containers.Get(c)
 		n := len(lines(rec))
 		testutil.Eventually(t, 10*time.Second, c+" to go on writing", func() bool { return len(lines(rec)) > n+5 })
 		l := lines(rec)
@@ -88,7 +88,7 @@ func TestForkSwapsSourceOntoSnapshot(t *testing.T) {
 	// what it changed since is dumped.
 	pid := cur.Pid
 	doFork(t, rt, cur, 1)
-	again, _ := rt.Tree.Get(oldID)
+	again, _ := rt.Containers.Get(oldID)
 	if again.Pid != pid {
 		t.Errorf("a second fork moved the source again (pid %d -> %d)", pid, again.Pid)
 	}
@@ -103,7 +103,7 @@ func TestSwapFailureLeavesSourceRunning(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src.Upper, "precious"), []byte("data"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	before := leftovers(t, rt.Tree)
+	before := leftovers(t, rt.Containers)
 	pid := src.Pid
 	s, err := fork.Dump(ctx, rt, src, fork.DumpOptions{Swap: true})
 	if err != nil {
@@ -135,7 +135,7 @@ func TestSwapFailureLeavesSourceRunning(t *testing.T) {
 	if !strings.Contains(err.Error(), "goes on as it was") {
 		t.Errorf("error does not say the source was kept: %v", err)
 	}
-	cur, _ := rt.Tree.Get(src.ID)
+	cur, _ := rt.Containers.Get(src.ID)
 	if cur.Pid != pid || src.Pid != pid {
 		t.Fatalf("after a failed swap the source is pid %d (record %d), want %d", src.Pid, cur.Pid, pid)
 	}
@@ -149,7 +149,7 @@ func TestSwapFailureLeavesSourceRunning(t *testing.T) {
 	if err := fork.GC(rt); err != nil {
 		t.Fatal(err)
 	}
-	if after := leftovers(t, rt.Tree); after != before {
+	if after := leftovers(t, rt.Containers); after != before {
 		t.Errorf("a failed swap left things behind:\n before %s\n after  %s", before, after)
 	}
 }
@@ -174,7 +174,7 @@ func TestGCRecoversADeadSwap(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src.Upper, "precious"), []byte("data"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	before := leftovers(t, rt.Tree)
+	before := leftovers(t, rt.Containers)
 	s, err := fork.Dump(ctx, rt, src, fork.DumpOptions{Swap: true})
 	if err != nil {
 		t.Fatal(err)
@@ -195,7 +195,7 @@ func TestGCRecoversADeadSwap(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(src.Upper, "precious")); err != nil || string(b) != "data" {
 		t.Errorf("the source's upper was not given back: %v", err)
 	}
-	if after := leftovers(t, rt.Tree); after != before {
+	if after := leftovers(t, rt.Containers); after != before {
 		t.Errorf("GC after a dead swap left:\n before %s\n after  %s", before, after)
 	}
 }
@@ -251,7 +251,7 @@ for i in itertools.count():
 // source is thawed and counts on, with nothing left over.
 func TestSwapRestoreIsBounded(t *testing.T) {
 	rt := testutil.NewRuntime(t)
-	check := func(t *testing.T, src *tree.Container, took time.Duration, err error, limit time.Duration) {
+	check := func(t *testing.T, src *store.Container, took time.Duration, err error, limit time.Duration) {
 		t.Helper()
 		if err == nil || !strings.Contains(err.Error(), "goes on as it was") {
 			t.Fatalf("fork: %v, want a failed swap that kept the source", err)
@@ -260,7 +260,7 @@ func TestSwapRestoreIsBounded(t *testing.T) {
 		if took > limit {
 			t.Errorf("the swap took %v with the source frozen, want under %v", took, limit)
 		}
-		if st := rt.State(src); st != tree.StateRunning {
+		if st := rt.State(src); st != store.StateRunning {
 			t.Fatalf("after the failed swap the source is %s", st)
 		}
 		at := lastInt(src)
@@ -270,7 +270,7 @@ func TestSwapRestoreIsBounded(t *testing.T) {
 	t.Run("deadline", func(t *testing.T) {
 		src := create(t, rt, "bounded", "python3", "-c", counterPy)
 		testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 3 })
-		before := leftovers(t, rt.Tree)
+		before := leftovers(t, rt.Containers)
 		old := fork.SwapRestoreTimeout
 		fork.SwapRestoreTimeout = time.Millisecond // no restore is that fast
 		t.Cleanup(func() { fork.SwapRestoreTimeout = old })
@@ -284,7 +284,7 @@ func TestSwapRestoreIsBounded(t *testing.T) {
 		if err := fork.GC(rt); err != nil {
 			t.Fatal(err)
 		}
-		if after := leftovers(t, rt.Tree); after != before {
+		if after := leftovers(t, rt.Containers); after != before {
 			t.Errorf("a swap past its deadline left things behind:\n before %s\n after  %s", before, after)
 		}
 	})
@@ -292,13 +292,13 @@ func TestSwapRestoreIsBounded(t *testing.T) {
 	t.Run("criu hangs after an error", func(t *testing.T) {
 		src := create(t, rt, "caps", "python3", "-c", capsDropper)
 		testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 3 })
-		before := leftovers(t, rt.Tree)
+		before := leftovers(t, rt.Containers)
 		begin := time.Now()
 		forks, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
 		if err == nil {
 			// The restore works (confinement no longer gives an inheritable set): nothing
 			// hangs, and the fork must count too.
-			f, _ := rt.Tree.Get(forks[0].ID)
+			f, _ := rt.Containers.Get(forks[0].ID)
 			n := len(lines(f))
 			testutil.Eventually(t, 10*time.Second, "the fork to count", func() bool { return len(lines(f)) > n+2 })
 			t.Logf("the restore of a process without CAP_SETPCAP in its bounding set works here")
@@ -311,7 +311,7 @@ func TestSwapRestoreIsBounded(t *testing.T) {
 		if err := fork.GC(rt); err != nil {
 			t.Fatal(err)
 		}
-		if after := leftovers(t, rt.Tree); after != before {
+		if after := leftovers(t, rt.Containers); after != before {
 			t.Errorf("a stalled swap restore left things behind:\n before %s\n after  %s", before, after)
 		}
 	})

@@ -13,13 +13,13 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 // lazyforkBin is the porcelain `make build` put in $LAZYFORK_BIN (the Makefile's test
@@ -44,11 +44,11 @@ func lazyforkBin(t *testing.T) string {
 // it is stopped (SIGSTOP) the moment it is seen, then SIGKILLed.
 type killPoint struct {
 	name string
-	seen func(rt *runtime.Runtime, src *tree.Container) bool
+	seen func(rt *container.Runtime, src *store.Container) bool
 }
 
 // swapSnapshot is the snapshot of a swap in progress of src, if any.
-func swapSnapshot(src *tree.Container) *stage.Snapshot {
+func swapSnapshot(src *store.Container) *stage.Snapshot {
 	ents, _ := os.ReadDir(paths.Snapshots())
 	for _, e := range ents {
 		s, err := fork.LoadSnapshot(filepath.Join(paths.Snapshots(), e.Name()))
@@ -62,7 +62,7 @@ func swapSnapshot(src *tree.Container) *stage.Snapshot {
 // groupsOf lists the freezer groups named after src (its own, and a new source's
 // "<id>-<snapshot>") beside the group its record names (a tree member's are inside the
 // tree's cgroup).
-func groupsOf(t *testing.T, rt *runtime.Runtime, src *tree.Container) []string {
+func groupsOf(t *testing.T, rt *container.Runtime, src *store.Container) []string {
 	t.Helper()
 	r, err := cgroup.Resolve(src.ID, cgroup.ParentOf(src.Cgroup))
 	if err != nil {
@@ -79,7 +79,7 @@ func groupsOf(t *testing.T, rt *runtime.Runtime, src *tree.Container) []string {
 	return out
 }
 
-func frozen(src *tree.Container) bool {
+func frozen(src *store.Container) bool {
 	cg, err := cgroup.Load(src.Cgroup)
 	if err != nil {
 		return false
@@ -89,16 +89,16 @@ func frozen(src *tree.Container) bool {
 }
 
 var swapKillPoints = []killPoint{
-	{"frozen", func(_ *runtime.Runtime, src *tree.Container) bool { return frozen(src) }},
-	{"dumped", func(_ *runtime.Runtime, src *tree.Container) bool {
+	{"frozen", func(_ *container.Runtime, src *store.Container) bool { return frozen(src) }},
+	{"dumped", func(_ *container.Runtime, src *store.Container) bool {
 		s := swapSnapshot(src)
 		return s != nil && s.State == stage.SnapDumped
 	}},
-	{"memfiled", func(_ *runtime.Runtime, src *tree.Container) bool {
+	{"memfiled", func(_ *container.Runtime, src *store.Container) bool {
 		s := swapSnapshot(src)
 		return s != nil && s.State == stage.SnapMemfiled
 	}},
-	{"restoring", func(rt *runtime.Runtime, src *tree.Container) bool {
+	{"restoring", func(rt *container.Runtime, src *store.Container) bool {
 		r, err := cgroup.Resolve(src.ID, cgroup.ParentOf(src.Cgroup))
 		if err != nil {
 			return false
@@ -111,12 +111,12 @@ var swapKillPoints = []killPoint{
 		}
 		return false
 	}},
-	{"committed", func(rt *runtime.Runtime, src *tree.Container) bool {
-		c, err := rt.Tree.Get(src.ID)
+	{"committed", func(rt *container.Runtime, src *store.Container) bool {
+		c, err := rt.Containers.Get(src.ID)
 		return err == nil && c.Pid != src.Pid
 	}},
-	{"forking", func(rt *runtime.Runtime, src *tree.Container) bool {
-		all, _ := rt.Tree.List()
+	{"forking", func(rt *container.Runtime, src *store.Container) bool {
+		all, _ := rt.Containers.List()
 		return len(all) > 1
 	}},
 }
@@ -139,7 +139,7 @@ func living(pid int) bool { s := procState(pid); return s != "" && s != "Z" && s
 // killMidSwap runs `run` (a command that forks src; with the daemon, the daemon is the
 // victim) until the point is seen, stops and kills victim, and returns whether the
 // point was seen before the command ended.
-func killMidSwap(t *testing.T, rt *runtime.Runtime, src *tree.Container, p killPoint, run *exec.Cmd, victim func() *os.Process) bool {
+func killMidSwap(t *testing.T, rt *container.Runtime, src *store.Container, p killPoint, run *exec.Cmd, victim func() *os.Process) bool {
 	t.Helper()
 	var out bytes.Buffer
 	run.Stdout, run.Stderr = &out, &out
@@ -176,14 +176,14 @@ loop:
 // checkOneSource runs `lazyfork gc` and checks that exactly one source runs, thawed and
 // counting on, that the record names it, and that nothing else of the swap is left: no
 // second group, no swap snapshot, one root mount.
-func checkOneSource(t *testing.T, rt *runtime.Runtime, bin string, src *tree.Container, env []string) {
+func checkOneSource(t *testing.T, rt *container.Runtime, bin string, src *store.Container, env []string) {
 	t.Helper()
 	gc := exec.Command(bin, "gc")
 	gc.Env = append(os.Environ(), append(env, "LAZYFORK_LOCAL=1")...)
 	if out, err := gc.CombinedOutput(); err != nil {
 		t.Fatalf("lazyfork gc after the kill: %v: %s", err, out)
 	}
-	cur, err := rt.Tree.Get(src.ID)
+	cur, err := rt.Containers.Get(src.ID)
 	if err != nil {
 		t.Fatalf("the source's record is gone: %v", err)
 	}
@@ -197,7 +197,7 @@ func checkOneSource(t *testing.T, rt *runtime.Runtime, bin string, src *tree.Con
 		t.Fatalf("the old source %d runs but the record names %d", src.Pid, cur.Pid)
 	}
 	t.Logf("after gc the %s source runs (pid %d)", map[bool]string{true: "old", false: "new"}[oldAlive], cur.Pid)
-	if st := rt.State(cur); st != tree.StateRunning {
+	if st := rt.State(cur); st != store.StateRunning {
 		t.Fatalf("the source is %s after gc, want running", st)
 	}
 	n := lastInt(cur)
@@ -210,7 +210,7 @@ func checkOneSource(t *testing.T, rt *runtime.Runtime, bin string, src *tree.Con
 	if s := swapSnapshot(src); s != nil {
 		t.Errorf("gc left the swap snapshot %s (%s)", s.ID, s.State)
 	}
-	if m := fsutil.MountsUnder(rt.Tree.Path(src.ID)); len(m) != 1 {
+	if m := fsutil.MountsUnder(rt.Containers.Path(src.ID)); len(m) != 1 {
 		t.Errorf("mounts under the source's directory: %v, want its root only", m)
 	}
 	// No process kept the state lock (criu holds it while it runs; restored tasks must
@@ -222,9 +222,9 @@ func checkOneSource(t *testing.T, rt *runtime.Runtime, bin string, src *tree.Con
 		unlock()
 	}
 	// A fork whose restore the kill cut short is gone; one that ran is a container.
-	all, _ := rt.Tree.List()
+	all, _ := rt.Containers.List()
 	for _, c := range all {
-		if c.ID != src.ID && rt.State(c) != tree.StateRunning {
+		if c.ID != src.ID && rt.State(c) != store.StateRunning {
 			t.Errorf("after gc, fork %s is %s", c.ID, rt.State(c))
 		}
 	}
@@ -302,9 +302,9 @@ func TestKilledDaemonMidSwap(t *testing.T) {
 }
 
 // deleteAll deletes every container and collects, as between two kill points.
-func deleteAll(t *testing.T, rt *runtime.Runtime) {
+func deleteAll(t *testing.T, rt *container.Runtime) {
 	t.Helper()
-	all, _ := rt.Tree.List()
+	all, _ := rt.Containers.List()
 	var errs []error
 	for _, c := range all {
 		errs = append(errs, rt.Delete(c))

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
@@ -21,7 +21,7 @@ func TestKilledTreeForkMidSwap(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	bin := lazyforkBin(t)
 	m := &snaptree.Manager{RT: rt}
-	tr, err := m.Create(ctx, snaptree.CreateOptions{Container: runtime.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", counterPy}}})
+	tr, err := m.Create(ctx, snaptree.CreateOptions{Container: container.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", counterPy}}})
 	if err != nil {
 		t.Fatalf("create tree: %v", err)
 	}
@@ -45,7 +45,7 @@ func TestKilledTreeForkMidSwap(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			src, err := rt.Tree.Get(nodes[0].ID)
+			src, err := rt.Containers.Get(nodes[0].ID)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -59,14 +59,14 @@ func TestKilledTreeForkMidSwap(t *testing.T) {
 				seen++
 			}
 			checkOneSource(t, rt, bin, src, nil)
-			if cur, err := rt.Tree.Get(src.ID); err != nil || cgroup.ParentOf(cur.Cgroup) != members {
+			if cur, err := rt.Containers.Get(src.ID); err != nil || cgroup.ParentOf(cur.Cgroup) != members {
 				t.Fatalf("after gc the source's group is not in the tree's cgroup: %v %v", cur, err)
 			}
 			// The member and whatever the killed command forked go; the tree stays.
 			if _, _, err := m.Prune(ctx, tr.ID, src.ID); err != nil {
 				t.Fatal(err)
 			}
-			all, _ := rt.Tree.List()
+			all, _ := rt.Containers.List()
 			for _, c := range all {
 				if c.ID != tr.Root {
 					if err := rt.Delete(c); err != nil {

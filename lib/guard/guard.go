@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/lazyfork/lazyfork/lib/exitcode"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // Op is an operation on a container.
@@ -33,16 +33,16 @@ const (
 // state the container is in afterwards. A state absent from an operation's row is an
 // invalid transition (*StateError).
 var Transitions = map[Op]map[string]string{
-	OpDump:   {tree.StateRunning: tree.StateRunning},
-	OpFork:   {tree.StateRunning: tree.StateRunning, tree.StateStopped: tree.StateStopped},
-	OpStop:   {tree.StateRunning: tree.StateStopped},
-	OpStart:  {tree.StateStopped: tree.StateRunning},
-	OpFreeze: {tree.StateRunning: tree.StateFrozen},
-	OpThaw:   {tree.StateFrozen: tree.StateRunning},
-	OpExec:   {tree.StateRunning: tree.StateRunning},
+	OpDump:   {store.StateRunning: store.StateRunning},
+	OpFork:   {store.StateRunning: store.StateRunning, store.StateStopped: store.StateStopped},
+	OpStop:   {store.StateRunning: store.StateStopped},
+	OpStart:  {store.StateStopped: store.StateRunning},
+	OpFreeze: {store.StateRunning: store.StateFrozen},
+	OpThaw:   {store.StateFrozen: store.StateRunning},
+	OpExec:   {store.StateRunning: store.StateRunning},
 	OpDelete: {
-		tree.StateRunning: "", tree.StateFrozen: "", tree.StateStopped: "",
-		tree.StateExited: "", tree.StateCreating: "",
+		store.StateRunning: "", store.StateFrozen: "", store.StateStopped: "",
+		store.StateExited: "", store.StateCreating: "",
 	},
 }
 
@@ -60,15 +60,15 @@ func (e *StateError) Error() string {
 	n := e.Container
 	msg := fmt.Sprintf("%s %s: it is %s", e.Op, n, e.State)
 	switch {
-	case e.State == tree.StateFrozen:
+	case e.State == store.StateFrozen:
 		return msg + fmt.Sprintf("; run `lazyfork thaw %s` first", n)
-	case e.State == tree.StateStopped && (e.Op == OpDump || e.Op == OpStop):
+	case e.State == store.StateStopped && (e.Op == OpDump || e.Op == OpStop):
 		return msg + fmt.Sprintf("; its snapshot is already restorable (`lazyfork fork %s` or `lazyfork start %s`)", n, n)
-	case e.State == tree.StateStopped:
+	case e.State == store.StateStopped:
 		return msg + fmt.Sprintf("; run `lazyfork start %s` first", n)
-	case e.State == tree.StateExited:
+	case e.State == store.StateExited:
 		return msg + fmt.Sprintf(" (its command ended): see `lazyfork attach %s`, or delete it", n)
-	case e.State == tree.StateCreating:
+	case e.State == store.StateCreating:
 		return msg + "; wait until it is created"
 	}
 	return msg + "; it must be " + strings.Join(Allowed(e.Op), " or ")
@@ -92,7 +92,7 @@ func Allowed(op Op) []string {
 
 // Check returns a *StateError unless op applies to a container in state (its live state,
 // runtime.State). An operation not in the table is a programming error and refused too.
-func Check(op Op, c *tree.Container, state string) error {
+func Check(op Op, c *store.Container, state string) error {
 	if _, ok := Transitions[op][state]; ok {
 		return nil
 	}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/guard"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // A child of the test binary with GUARD_HOLD=store:ref:log:ms takes the container's lock,
@@ -27,12 +27,12 @@ func TestMain(m *testing.M) {
 }
 
 func hold(v string) int {
-	var store, ref, logf string
+	var storeDir, ref, logf string
 	var ms int
 	parts := strings.Split(v, ":")
-	store, ref, logf = parts[0], parts[1], parts[2]
+	storeDir, ref, logf = parts[0], parts[1], parts[2]
 	fmt.Sscan(parts[3], &ms)
-	s, err := tree.Open(store)
+	s, err := store.Open(storeDir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -58,20 +58,20 @@ func logLine(path, what string) {
 	f.Close()
 }
 
-func newStore(t *testing.T) (*tree.Store, *tree.Container) {
+func newStore(t *testing.T) (*store.Store, *store.Container) {
 	t.Helper()
-	s, err := tree.Open(filepath.Join(t.TempDir(), "containers"))
+	s, err := store.Open(filepath.Join(t.TempDir(), "containers"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &tree.Container{ID: "0123456789ab", Name: "c1", State: tree.StateRunning, Created: time.Now()}
+	c := &store.Container{ID: "0123456789ab", Name: "c1", State: store.StateRunning, Created: time.Now()}
 	if err := s.Put(c); err != nil {
 		t.Fatal(err)
 	}
 	return s, c
 }
 
-func holder(t *testing.T, s *tree.Store, ref, logf string, ms int) *exec.Cmd {
+func holder(t *testing.T, s *store.Store, ref, logf string, ms int) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("GUARD_HOLD=%s:%s:%s:%d", s.Dir, ref, logf, ms))
@@ -199,7 +199,7 @@ func TestLockSerialisesGoroutines(t *testing.T) {
 
 func TestLockMissing(t *testing.T) {
 	s, _ := newStore(t)
-	if _, _, err := guard.Lock(context.Background(), s, "nope", time.Second); !errors.Is(err, tree.ErrNotFound) {
+	if _, _, err := guard.Lock(context.Background(), s, "nope", time.Second); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("lock of a missing container: %v", err)
 	}
 }
@@ -207,18 +207,18 @@ func TestLockMissing(t *testing.T) {
 // The table: every operation against every state; a refusal is a *StateError that names
 // the operation and the state, and matches ErrInvalidState.
 func TestCheckTable(t *testing.T) {
-	states := []string{tree.StateCreating, tree.StateRunning, tree.StateFrozen, tree.StateStopped, tree.StateExited}
+	states := []string{store.StateCreating, store.StateRunning, store.StateFrozen, store.StateStopped, store.StateExited}
 	want := map[guard.Op][]string{
-		guard.OpDump:   {tree.StateRunning},
-		guard.OpFork:   {tree.StateRunning, tree.StateStopped},
-		guard.OpStop:   {tree.StateRunning},
-		guard.OpStart:  {tree.StateStopped},
-		guard.OpFreeze: {tree.StateRunning},
-		guard.OpThaw:   {tree.StateFrozen},
-		guard.OpExec:   {tree.StateRunning},
+		guard.OpDump:   {store.StateRunning},
+		guard.OpFork:   {store.StateRunning, store.StateStopped},
+		guard.OpStop:   {store.StateRunning},
+		guard.OpStart:  {store.StateStopped},
+		guard.OpFreeze: {store.StateRunning},
+		guard.OpThaw:   {store.StateFrozen},
+		guard.OpExec:   {store.StateRunning},
 		guard.OpDelete: states,
 	}
-	c := &tree.Container{ID: "0123456789ab", Name: "web"}
+	c := &store.Container{ID: "0123456789ab", Name: "web"}
 	for op, ok := range want {
 		for _, st := range states {
 			err := guard.Check(op, c, st)
@@ -242,10 +242,10 @@ func TestCheckTable(t *testing.T) {
 			}
 		}
 	}
-	if err := guard.Check("teleport", c, tree.StateRunning); err == nil {
+	if err := guard.Check("teleport", c, store.StateRunning); err == nil {
 		t.Error("an operation outside the table was allowed")
 	}
-	if got := guard.Transitions[guard.OpStop][tree.StateRunning]; got != tree.StateStopped {
+	if got := guard.Transitions[guard.OpStop][store.StateRunning]; got != store.StateStopped {
 		t.Errorf("stop leaves a running container %q", got)
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/exitcode"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // DefaultWait bounds how long Lock waits for another operation on the same container
@@ -26,7 +26,7 @@ var ErrBusy = exitcode.Kind{Msg: "container busy with another operation", Code: 
 // and never past ctx. The record is read again once the lock is held: it may have changed
 // (or gone) while we waited. The lock is not re-entrant: a process holding it must not
 // call Lock again for the same container.
-func Lock(ctx context.Context, s *tree.Store, ref string, wait time.Duration) (*tree.Container, func(), error) {
+func Lock(ctx context.Context, s *store.Store, ref string, wait time.Duration) (*store.Container, func(), error) {
 	c, err := s.Resolve(ref)
 	if err != nil {
 		return nil, nil, err
@@ -34,7 +34,7 @@ func Lock(ctx context.Context, s *tree.Store, ref string, wait time.Duration) (*
 	f, err := os.Open(s.Path(c.ID))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil, fmt.Errorf("%w %q (deleted meanwhile)", tree.ErrNotFound, ref)
+			return nil, nil, fmt.Errorf("%w %q (deleted meanwhile)", store.ErrNotFound, ref)
 		}
 		return nil, nil, fmt.Errorf("lock %s: %w", c.ID, err)
 	}
@@ -66,7 +66,7 @@ func Lock(ctx context.Context, s *tree.Store, ref string, wait time.Duration) (*
 	fresh, err := s.Get(c.ID)
 	if err != nil {
 		unlock()
-		return nil, nil, fmt.Errorf("%w %q (deleted meanwhile)", tree.ErrNotFound, ref)
+		return nil, nil, fmt.Errorf("%w %q (deleted meanwhile)", store.ErrNotFound, ref)
 	}
 	return fresh, unlock, nil
 }

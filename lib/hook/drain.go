@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // drainBacklog accepts and closes the connections waiting on c's hook socket. A runtime
@@ -18,7 +18,7 @@ import (
 // cannot checkpoint a listening socket with a pending connection whose client is gone;
 // before a forced snapshot the host therefore takes it out itself, through a duplicate of
 // the listening socket (pidfd_getfd).
-func drainBacklog(c *tree.Container) error {
+func drainBacklog(c *store.Container) error {
 	cg, err := cgroup.LoadOwned(c.Cgroup)
 	if err != nil {
 		return err

@@ -28,7 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/stage"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // DefaultTimeout bounds one message: connect, answer and close.
@@ -69,7 +69,7 @@ func ValidatePath(p string) error { return stage.ValidateHookPath(p) }
 // Quiesce tells c's runtime that a snapshot is about to be taken and waits for it to be
 // ready. A container without a hook returns at once. o.Force turns "no answer in time"
 // into a go-ahead.
-func Quiesce(ctx context.Context, c *tree.Container, o Options) error {
+func Quiesce(ctx context.Context, c *store.Container, o Options) error {
 	if c.Hook == "" {
 		return nil
 	}
@@ -83,7 +83,7 @@ func Quiesce(ctx context.Context, c *tree.Container, o Options) error {
 }
 
 // Reseed tells a new fork its id, so it can reseed random generators and reconnect.
-func Reseed(ctx context.Context, c *tree.Container, o Options) error {
+func Reseed(ctx context.Context, c *store.Container, o Options) error {
 	if c.Hook == "" {
 		return nil
 	}

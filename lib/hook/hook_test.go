@@ -14,19 +14,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	lfruntime "github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 func TestMain(m *testing.M) {
 	criu.MaybeKdatHelper()
-	lfruntime.MaybeInit()
-	lfruntime.MaybeCgexec()
+	container.MaybeInit()
+	container.MaybeCgexec()
 	os.Exit(m.Run())
 }
 
@@ -43,10 +43,10 @@ const waitScript = `until [ -e /app/ready ]; do sleep 0.05; done; exec "$@"`
 
 // createWithApp creates a container with a hook at /run/agent.sock that runs argv once
 // the test has installed examples/agent.py and python/lazyfork/hook.py under /app.
-func createWithApp(t *testing.T, rt *lfruntime.Runtime, name string, files map[string]string, argv ...string) *tree.Container {
+func createWithApp(t *testing.T, rt *container.Runtime, name string, files map[string]string, argv ...string) *store.Container {
 	t.Helper()
 	cmd := append([]string{"sh", "-c", waitScript, "sh"}, argv...)
-	c, err := rt.Create(ctx, lfruntime.CreateOptions{Image: testutil.DefaultImage, Name: name, Command: cmd,
+	c, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: name, Command: cmd,
 		Hook: "/run/agent.sock", Env: []string{hook.EnvVar + "=/run/agent.sock", "AGENT_INTERVAL=0.05"}})
 	if err != nil {
 		t.Fatal(err)
@@ -75,12 +75,12 @@ func createWithApp(t *testing.T, rt *lfruntime.Runtime, name string, files map[s
 	return c
 }
 
-func logOf(c *tree.Container) string {
-	b, _ := os.ReadFile(lfruntime.LogPath(c))
+func logOf(c *store.Container) string {
+	b, _ := os.ReadFile(container.LogPath(c))
 	return string(b)
 }
 
-func waitLog(t *testing.T, c *tree.Container, what string, re *regexp.Regexp) {
+func waitLog(t *testing.T, c *store.Container, what string, re *regexp.Regexp) {
 	t.Helper()
 	testutil.Eventually(t, 20*time.Second, what, func() bool { return re.MatchString(logOf(c)) })
 }
@@ -89,7 +89,7 @@ var tokenRe = regexp.MustCompile(`step=(\d+) token=([0-9a-f]{8}) memory=(\d+) fo
 
 // tokensAfterReseed returns the tokens a fork drew after its reseed line (skipping the
 // first step, which may have been drawn before the reseed landed).
-func tokensAfterReseed(t *testing.T, c *tree.Container, n int) (reseedStep string, tokens []string) {
+func tokensAfterReseed(t *testing.T, c *store.Container, n int) (reseedStep string, tokens []string) {
 	t.Helper()
 	re := regexp.MustCompile(`reseed fork=` + c.ID + ` step=(\d+) memory=(\d+)`)
 	testutil.Eventually(t, 20*time.Second, "tokens after reseed in "+c.ID, func() bool {
@@ -128,7 +128,7 @@ func TestAgentForksDivergeAfterReseed(t *testing.T) {
 	seen := map[string]string{}
 	var steps []string
 	for _, f := range forks {
-		fc, err := rt.Tree.Get(f.ID)
+		fc, err := rt.Containers.Get(f.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -152,7 +152,7 @@ func TestAgentForksDivergeAfterReseed(t *testing.T) {
 	}
 	// Each fork's memory kept the parent's tokens: memory count == step at reseed.
 	for _, f := range forks {
-		fc, _ := rt.Tree.Get(f.ID)
+		fc, _ := rt.Containers.Get(f.ID)
 		m := regexp.MustCompile(`reseed fork=\S+ step=(\d+) memory=(\d+)`).FindStringSubmatch(logOf(fc))
 		if m == nil || m[1] != m[2] || m[1] == "0" {
 			t.Errorf("fork %s: reseed line %v: memory should hold one token per step", f.ID, m)
@@ -175,13 +175,13 @@ func TestQuiesceNoAnswer(t *testing.T) {
 		t.Fatalf("fork of a deaf runtime: got %v, want ErrNoAnswer", err)
 	}
 	t.Logf("error: %v", err)
-	if all, _ := rt.Tree.List(); len(all) != 1 {
+	if all, _ := rt.Containers.List(); len(all) != 1 {
 		t.Errorf("%d containers after a refused fork, want 1", len(all))
 	}
 	if snaps, _ := os.ReadDir(paths.Snapshots()); len(snaps) != 0 {
 		t.Errorf("snapshots left: %v", snaps)
 	}
-	if st := rt.State(c); st != tree.StateRunning {
+	if st := rt.State(c); st != store.StateRunning {
 		t.Errorf("source is %s after a refused fork", st)
 	}
 
@@ -190,8 +190,8 @@ func TestQuiesceNoAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("forced fork: %v", err)
 	}
-	fc, _ := rt.Tree.Get(forks[0].ID)
-	if st := rt.State(fc); st != tree.StateRunning {
+	fc, _ := rt.Containers.Get(forks[0].ID)
+	if st := rt.State(fc); st != store.StateRunning {
 		t.Errorf("forced fork is %s", st)
 	}
 }
@@ -208,7 +208,7 @@ func TestQuiesceRefused(t *testing.T) {
 	if !errors.Is(err, hook.ErrRefused) || !strings.Contains(err.Error(), "busy writing a checkpoint") {
 		t.Fatalf("got %v, want ErrRefused with the runtime's reason", err)
 	}
-	if st := rt.State(c); st != tree.StateRunning {
+	if st := rt.State(c); st != store.StateRunning {
 		t.Errorf("source is %s after a refused fork", st)
 	}
 }
@@ -229,7 +229,7 @@ func TestSymlinkStaysInContainer(t *testing.T) {
 			conn.Close()
 		}
 	}()
-	c, err := rt.Create(ctx, lfruntime.CreateOptions{Image: testutil.DefaultImage, Hook: "/run/agent.sock",
+	c, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Hook: "/run/agent.sock",
 		Command: []string{"sh", "-c", fmt.Sprintf("ln -s %s /run/agent.sock; echo linked; sleep 1000", hostSock)}})
 	if err != nil {
 		t.Fatal(err)

@@ -9,18 +9,18 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/ksm"
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 func TestMain(m *testing.M) {
 	criu.MaybeKdatHelper()
-	runtime.MaybeInit()
-	runtime.MaybeCgexec()
+	container.MaybeInit()
+	container.MaybeCgexec()
 	os.Exit(m.Run())
 }
 
@@ -44,17 +44,17 @@ while True:
     time.sleep(1)
 `
 
-func logHas(c *tree.Container, word string) bool {
-	b, _ := os.ReadFile(runtime.LogPath(c))
+func logHas(c *store.Container, word string) bool {
+	b, _ := os.ReadFile(container.LogPath(c))
 	return strings.Contains(string(b), word)
 }
 
 // forks creates a container running the workload and forks it twice with ksm as given;
 // each fork then rewrites its buffer.
-func forks(t *testing.T, useKSM bool) []*tree.Container {
+func forks(t *testing.T, useKSM bool) []*store.Container {
 	t.Helper()
 	rt := testutil.NewRuntime(t)
-	src, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", workload}})
+	src, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", workload}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,13 +63,13 @@ func forks(t *testing.T, useKSM bool) []*tree.Container {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []*tree.Container
+	var out []*store.Container
 	for _, f := range made {
-		c, err := rt.Tree.Get(f.ID)
+		c, err := rt.Containers.Get(f.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"touch", "/tmp/go"}, Timeout: 30 * time.Second})
+		res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"touch", "/tmp/go"}, Timeout: 30 * time.Second})
 		if err != nil || res.ExitCode != 0 {
 			t.Fatalf("exec touch in %s: %v %+v", c.ID, err, res)
 		}
@@ -82,7 +82,7 @@ func forks(t *testing.T, useKSM bool) []*tree.Container {
 }
 
 // mergeableVMAs counts the VMAs of c's processes whose VmFlags carry mg (MADV_MERGEABLE).
-func mergeableVMAs(t *testing.T, c *tree.Container) int {
+func mergeableVMAs(t *testing.T, c *store.Container) int {
 	t.Helper()
 	cg, err := cgroup.LoadOwned(cgroup.Paths(c.Cgroup))
 	if err != nil {
@@ -145,7 +145,7 @@ func TestKSMOffByDefault(t *testing.T) {
 // mapped mergeable.
 func TestPrepareKSM(t *testing.T) {
 	rt := testutil.NewRuntime(t)
-	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", workload}})
+	c, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", workload}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestPrepareKSM(t *testing.T) {
 	if _, err := fork.Prepare(ctx, rt, c, fork.PrepareOptions{KSM: true}); err != nil {
 		t.Fatal(err)
 	}
-	if c, err = rt.Tree.Get(c.ID); err != nil {
+	if c, err = rt.Containers.Get(c.ID); err != nil {
 		t.Fatal(err)
 	}
 	if n := mergeableVMAs(t, c); n == 0 {

@@ -54,7 +54,7 @@ func TestShareWithParentSynthetic(t *testing.T) {
 	}
 	writeSynth(t, img, nil, parent, child)
 
-	rep, err := Inspect(Options{ImagesDir: img, FamilyDir: family})
+	rep, err := Inspect(Options{CheckpointDir: img, FamilyDir: family})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,11 +62,11 @@ func TestShareWithParentSynthetic(t *testing.T) {
 	for _, v := range rep.VMAs {
 		decisions = append(decisions, v.Decision)
 	}
-	if strings.Join(decisions, ",") != "move,move,share,move" || rep.Pages.CowShared != 8 || rep.Pages.InImage != 19+18 {
+	if strings.Join(decisions, ",") != "move,move,share,move" || rep.Pages.CowShared != 8 || rep.Pages.InCheckpoint != 19+18 {
 		t.Fatalf("inspect: decisions %v, pages %+v", decisions, rep.Pages)
 	}
 
-	res, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, Prefix: "p"})
+	res, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, Prefix: "p"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestPreforkSharesOnce(t *testing.T) {
 		want[p] = l.preforkStatus(p).Sum
 	}
 	dumped := l.dump(master, "img")
-	res, err := Rewrite(context.Background(), Options{ImagesDir: dumped, FamilyDir: l.family, MountPath: l.family, ConvertFilePrivate: true, Prefix: "c"})
+	res, err := Rewrite(context.Background(), Options{CheckpointDir: dumped, FamilyDir: l.family, MountPath: l.family, ConvertFilePrivate: true, Prefix: "c"})
 	if err != nil {
 		t.Fatal(err)
 	}

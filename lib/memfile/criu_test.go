@@ -406,7 +406,7 @@ func TestRewriteRestore(t *testing.T) {
 	pristine := filepath.Join(l.base, "img-pristine")
 	copyDir(t, dumped, pristine)
 
-	opts := Options{ImagesDir: dumped, FamilyDir: l.family, MountPath: l.family, ConvertFilePrivate: true, Prefix: "s1"}
+	opts := Options{CheckpointDir: dumped, FamilyDir: l.family, MountPath: l.family, ConvertFilePrivate: true, Prefix: "s1"}
 	res, err := Rewrite(context.Background(), opts)
 	if err != nil {
 		t.Fatalf("rewrite: %v", err)
@@ -507,7 +507,7 @@ func TestRewriteRestore(t *testing.T) {
 	delta := l.dump(child, "img-child")
 	rebaseDir := filepath.Join(l.base, "img-child-rebase")
 	copyDir(t, delta, rebaseDir)
-	dres, err := Rewrite(context.Background(), Options{ImagesDir: delta, FamilyDir: l.family, MountPath: l.family, ConvertFilePrivate: true, Prefix: "s2"})
+	dres, err := Rewrite(context.Background(), Options{CheckpointDir: delta, FamilyDir: l.family, MountPath: l.family, ConvertFilePrivate: true, Prefix: "s2"})
 	if err != nil {
 		t.Fatalf("rewrite delta: %v", err)
 	}
@@ -530,7 +530,7 @@ func TestRewriteRestore(t *testing.T) {
 	}
 
 	// Rebase: base extents plus delta into fresh files.
-	rres, err := Rewrite(context.Background(), Options{ImagesDir: rebaseDir, FamilyDir: l.family, MountPath: l.family, ConvertFilePrivate: true, Prefix: "s3", Rebase: true})
+	rres, err := Rewrite(context.Background(), Options{CheckpointDir: rebaseDir, FamilyDir: l.family, MountPath: l.family, ConvertFilePrivate: true, Prefix: "s3", Rebase: true})
 	if err != nil {
 		t.Fatalf("rewrite rebase: %v", err)
 	}
@@ -582,7 +582,7 @@ func logThroughput(t *testing.T, l *lab, pristine string) {
 		img, family := filepath.Join(l.base, fmt.Sprintf("img-tp%d", i)), filepath.Join(l.base, fmt.Sprintf("fam-tp%d", i))
 		copyDir(t, pristine, img)
 		os.Mkdir(family, 0o755)
-		res, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, MountPath: family, ConvertFilePrivate: true, Prefix: "tp"})
+		res, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, MountPath: family, ConvertFilePrivate: true, Prefix: "tp"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -608,7 +608,7 @@ func testErrors(t *testing.T, l *lab, pristine string, good *Result) {
 		return d
 	}
 	opts := func(img, family string) Options {
-		return Options{ImagesDir: img, FamilyDir: family, MountPath: family, ConvertFilePrivate: true, Prefix: "e"}
+		return Options{CheckpointDir: img, FamilyDir: family, MountPath: family, ConvertFilePrivate: true, Prefix: "e"}
 	}
 
 	t.Run("truncated pages", func(t *testing.T) {

@@ -15,8 +15,8 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// ErrNotImage is returned for a directory without inventory.img.
-var ErrNotImage = errors.New("not a CRIU image directory")
+// ErrNotCheckpoint is returned for a directory without inventory.img.
+var ErrNotCheckpoint = errors.New("not a CRIU image directory")
 
 // ErrTruncated is returned for an image file that ends inside an entry or lacks data.
 var ErrTruncated = errors.New("image file is truncated")
@@ -24,11 +24,11 @@ var ErrTruncated = errors.New("image file is truncated")
 // ErrUnaccounted: the pagemap does not account for every page in the pages image.
 var ErrUnaccounted = errors.New("pagemap does not account for the image's pages")
 
-// checkImageDir fails with a message that tells the user what to pass instead.
-func checkImageDir(dir string) error {
+// checkCheckpointDir fails with a message that tells the user what to pass instead.
+func checkCheckpointDir(dir string) error {
 	st, err := os.Stat(filepath.Join(dir, "inventory.img"))
 	if err != nil || !st.Mode().IsRegular() {
-		return fmt.Errorf("%s is not a CRIU image directory (no inventory.img); pass the image dir printed by lf-dump: %w", dir, ErrNotImage)
+		return fmt.Errorf("%s is not a CRIU image directory (no inventory.img); pass the image dir printed by lf-dump: %w", dir, ErrNotCheckpoint)
 	}
 	return nil
 }

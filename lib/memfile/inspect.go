@@ -43,13 +43,13 @@ type VMAReport struct {
 
 // PageReport accounts for the checkpoint's pages.
 type PageReport struct {
-	PagemapEntries int64 `json:"pagemap_entries"`
-	InImage        int64 `json:"in_image"`        // pages with data in pages-*.img
-	ToMemoryFiles  int64 `json:"to_memory_files"` // of those, what a rewrite moves out
-	StayInImage    int64 `json:"stay_in_image"`
-	NotInImage     int64 `json:"not_in_image"`  // pagemap pages without data here (zero, parent, lazy)
-	SharedFamily   int64 `json:"shared_family"` // family pages the delta VMAs map
-	Delta          int64 `json:"delta"`
+	PagemapEntries   int64 `json:"pagemap_entries"`
+	InCheckpoint     int64 `json:"in_image"`        // pages with data in pages-*.img
+	ToMemoryFiles    int64 `json:"to_memory_files"` // of those, what a rewrite moves out
+	StayInCheckpoint int64 `json:"stay_in_image"`
+	NotInCheckpoint  int64 `json:"not_in_image"`  // pagemap pages without data here (zero, parent, lazy)
+	SharedFamily     int64 `json:"shared_family"` // family pages the delta VMAs map
+	Delta            int64 `json:"delta"`
 	// CowShared: pages a process shares copy-on-write with its parent, read from the
 	// parent's memory file (decision "share"), not stored again.
 	CowShared int64 `json:"cow_shared"`
@@ -69,10 +69,10 @@ type FileReport struct {
 
 // Inspect explains a checkpoint without changing anything: it reads the images (and the
 // family files its VMAs map, in opts.FamilyDir), runs the rewrite's plan, and writes
-// nothing. opts.ImagesDir is required; FamilyDir only for checkpoints that map family
+// nothing. opts.CheckpointDir is required; FamilyDir only for checkpoints that map family
 // files.
 func Inspect(opts Options) (*Report, error) {
-	if opts.ImagesDir == "" {
+	if opts.CheckpointDir == "" {
 		return nil, errors.New("inspect: no checkpoint directory given")
 	}
 	if opts.MountPath == "" {
@@ -82,17 +82,17 @@ func Inspect(opts Options) (*Report, error) {
 	if opts.RootFS == "" {
 		opts.RootFS = "/"
 	}
-	set, err := loadSet(opts.ImagesDir)
+	set, err := loadSet(opts.CheckpointDir)
 	if err != nil {
 		return nil, err
 	}
 	r := &rewriter{opts: opts, set: set, res: &Result{}}
 	defer r.release()
 	if err := r.plan(); err != nil {
-		return nil, fmt.Errorf("inspect %s: %w", opts.ImagesDir, err)
+		return nil, fmt.Errorf("inspect %s: %w", opts.CheckpointDir, err)
 	}
-	rep := &Report{Dir: opts.ImagesDir, Tasks: len(set.tasks)}
-	rep.Pages.ToMemoryFiles, rep.Pages.StayInImage = r.res.PagesMoved, r.res.PagesKept
+	rep := &Report{Dir: opts.CheckpointDir, Tasks: len(set.tasks)}
+	rep.Pages.ToMemoryFiles, rep.Pages.StayInCheckpoint = r.res.PagesMoved, r.res.PagesKept
 	rep.Pages.SharedFamily, rep.Pages.Delta = r.res.SharedPages, r.res.DeltaPages
 	rep.Pages.CowShared = r.res.CowSharedPages
 	referred := map[string]bool{}
@@ -102,9 +102,9 @@ func Inspect(opts Options) (*Report, error) {
 		for _, ent := range t.pmImg.Entries[1:] {
 			pe := ent.Message.(*pagemap.PagemapEntry)
 			if present(pe) {
-				rep.Pages.InImage += int64(pagesIn(pe))
+				rep.Pages.InCheckpoint += int64(pagesIn(pe))
 			} else {
-				rep.Pages.NotInImage += int64(pagesIn(pe))
+				rep.Pages.NotInCheckpoint += int64(pagesIn(pe))
 			}
 		}
 		for _, v := range t.vmas {
@@ -247,12 +247,12 @@ func (r *Report) Explain(w io.Writer) {
 		c := count[k]
 		count[k] = [2]int64{c[0] + 1, c[1] + v.Pages}
 	}
-	fmt.Fprintf(w, "%s: %d task(s), %d VMAs, %d pages with data in the image\n", r.Dir, r.Tasks, len(r.VMAs), r.Pages.InImage)
+	fmt.Fprintf(w, "%s: %d task(s), %d VMAs, %d pages with data in the image\n", r.Dir, r.Tasks, len(r.VMAs), r.Pages.InCheckpoint)
 	for _, k := range order {
 		c := count[k]
 		fmt.Fprintf(w, "  %-12s %4d VMAs %8d pages  %s\n", k.decision, c[0], c[1], k.why)
 	}
-	fmt.Fprintf(w, "  => %d pages to memory files, %d stay in the image; %d memory files\n", r.Pages.ToMemoryFiles, r.Pages.StayInImage, len(r.Files))
+	fmt.Fprintf(w, "  => %d pages to memory files, %d stay in the image; %d memory files\n", r.Pages.ToMemoryFiles, r.Pages.StayInCheckpoint, len(r.Files))
 }
 
 // Explain tells what a rewrite did (lf-memfile --explain in raw mode): the pages it moved

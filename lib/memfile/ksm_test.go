@@ -22,7 +22,7 @@ func TestRewriteKSMSynthetic(t *testing.T) {
 			tk.pages = append(tk.pages, page(b)...)
 		}
 		writeSynth(t, img, nil, tk)
-		if _, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, Prefix: "k", KSM: ksm}); err != nil {
+		if _, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, Prefix: "k", KSM: ksm}); err != nil {
 			t.Fatal(err)
 		}
 		vmas := loadMM(t, img, 1)

@@ -92,7 +92,7 @@ func TestManyMappingsOneFile(t *testing.T) {
 	}
 	dumped := l.dump(pid, "img")
 
-	rep, err := Inspect(Options{ImagesDir: dumped, FamilyDir: l.family, ConvertFilePrivate: true})
+	rep, err := Inspect(Options{CheckpointDir: dumped, FamilyDir: l.family, ConvertFilePrivate: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestManyMappingsOneFile(t *testing.T) {
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
 		t.Fatal(err)
 	}
-	res, err := Rewrite(context.Background(), Options{ImagesDir: dumped, FamilyDir: l.family, MountPath: l.family, ConvertFilePrivate: true, Prefix: "m"})
+	res, err := Rewrite(context.Background(), Options{CheckpointDir: dumped, FamilyDir: l.family, MountPath: l.family, ConvertFilePrivate: true, Prefix: "m"})
 	unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
 	if err != nil {
 		t.Fatalf("rewrite under 64 descriptors: %v", err)

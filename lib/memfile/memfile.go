@@ -40,9 +40,10 @@ import (
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/pstree"
 	remap "github.com/checkpoint-restore/go-criu/v8/crit/images/remap-file-path"
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
-	"github.com/lazyfork/lazyfork/lib/undo"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/lazyfork/lazyfork/lib/undo"
 )
 
 // DefaultMountPath is where a container sees its family directory.
@@ -58,8 +59,8 @@ var ErrAllocator = errors.New("image maps an allocator that relies on MADV_DONTN
 
 // Options says what to rewrite and where the memory files go.
 type Options struct {
-	ImagesDir string // the CRIU image dir to rewrite in place (the caller's own copy)
-	FamilyDir string // host dir on tmpfs where .mem files are created (O_EXCL)
+	CheckpointDir string // the CRIU image dir to rewrite in place (the caller's own copy)
+	FamilyDir     string // host dir on tmpfs where .mem files are created (O_EXCL)
 	// HugePages makes the dense 2 MiB stretches of anonymous memory huge pages (see
 	// huge.go): forks then map them without page tables (~0.4 MB less per working fork of
 	// a 256 MiB heap), for a slower rewrite (collapsing costs 0.5-5 ms per stretch).
@@ -153,8 +154,8 @@ const (
 	actShare         // anonymous, maps its parent's new memory file + the differing pages (cow.go)
 )
 
-// imageSet is one image directory, loaded once (no caches outside it).
-type imageSet struct {
+// checkpointSet is one image directory, loaded once (no caches outside it).
+type checkpointSet struct {
 	dir      string
 	files    *crit.CriuImage
 	fileByID map[uint32]*fdinfo.FileEntry
@@ -201,20 +202,20 @@ type piece struct {
 	entry *pagemap.PagemapEntry
 }
 
-// Rewrite rewrites opts.ImagesDir in place. On error every file it created is removed
+// Rewrite rewrites opts.CheckpointDir in place. On error every file it created is removed
 // and the image directory is left as it was.
 func Rewrite(ctx context.Context, opts Options) (res *Result, retErr error) {
 	start := time.Now()
 	if err := normalize(&opts); err != nil {
 		return nil, err
 	}
-	set, err := loadSet(opts.ImagesDir)
+	set, err := loadSet(opts.CheckpointDir)
 	if err != nil {
 		return nil, err
 	}
 	if !opts.AllowAllocators {
 		if names := set.allocators(); len(names) > 0 {
-			return nil, fmt.Errorf("rewrite %s: %w: %s", opts.ImagesDir, ErrAllocator, strings.Join(names, ", "))
+			return nil, fmt.Errorf("rewrite %s: %w: %s", opts.CheckpointDir, ErrAllocator, strings.Join(names, ", "))
 		}
 	}
 	r := &rewriter{opts: opts, set: set, res: &Result{}}
@@ -250,7 +251,7 @@ func Rewrite(ctx context.Context, opts Options) (res *Result, retErr error) {
 }
 
 func normalize(o *Options) error {
-	if o.ImagesDir == "" {
+	if o.CheckpointDir == "" {
 		return errors.New("rewrite: no image directory given")
 	}
 	if o.FamilyDir == "" {
@@ -269,7 +270,7 @@ func normalize(o *Options) error {
 	if strings.ContainsAny(o.Prefix, "/\x00") {
 		return fmt.Errorf("rewrite: prefix %q is not a file name", o.Prefix)
 	}
-	if err := checkImageDir(o.ImagesDir); err != nil {
+	if err := checkCheckpointDir(o.CheckpointDir); err != nil {
 		return err
 	}
 	var sfs unix.Statfs_t
@@ -283,11 +284,11 @@ func normalize(o *Options) error {
 }
 
 // loadSet reads pstree, files, remaps, and every task's mm and pagemap.
-func loadSet(dir string) (*imageSet, error) {
-	if err := checkImageDir(dir); err != nil {
+func loadSet(dir string) (*checkpointSet, error) {
+	if err := checkCheckpointDir(dir); err != nil {
 		return nil, err
 	}
-	set := &imageSet{dir: dir, fileByID: map[uint32]*fdinfo.FileEntry{}, remapped: map[uint32]bool{}}
+	set := &checkpointSet{dir: dir, fileByID: map[uint32]*fdinfo.FileEntry{}, remapped: map[uint32]bool{}}
 	if _, err := loadImage(dir, "inventory.img", "INVENTORY", &inventory.InventoryEntry{}); err != nil {
 		return nil, err
 	}
@@ -452,8 +453,8 @@ func present(pe *pagemap.PagemapEntry) bool {
 // Detect lists the allocator libraries mapped by the image's tasks that rely on
 // MADV_DONTNEED zero-filling (jemalloc, mimalloc, tcmalloc): in a fork that memory is
 // a private file mapping and MADV_DONTNEED brings back the snapshot's bytes.
-func Detect(imagesDir string) (allocators []string, err error) {
-	set, err := loadSet(imagesDir)
+func Detect(checkpointDir string) (allocators []string, err error) {
+	set, err := loadSet(checkpointDir)
 	if err != nil {
 		return nil, err
 	}
@@ -473,7 +474,7 @@ func ZeroFillAllocator(path string) (string, bool) {
 	return "", false
 }
 
-func (s *imageSet) allocators() []string {
+func (s *checkpointSet) allocators() []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, t := range s.tasks {

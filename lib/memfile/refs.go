@@ -13,11 +13,11 @@ import (
 // regular file in its files.img under the family mount (DefaultMountPath), by base name,
 // sorted. Whatever maps or opens a memory file names it there, so these are the files
 // that must exist in the family directory for a restore (and the only ones).
-func ReferencedFiles(imagesDir string) ([]string, error) {
-	if err := checkImageDir(imagesDir); err != nil {
+func ReferencedFiles(checkpointDir string) ([]string, error) {
+	if err := checkCheckpointDir(checkpointDir); err != nil {
 		return nil, err
 	}
-	img, err := loadImage(imagesDir, "files.img", "FILES", &fdinfo.FileEntry{})
+	img, err := loadImage(checkpointDir, "files.img", "FILES", &fdinfo.FileEntry{})
 	if err != nil {
 		return nil, err
 	}
@@ -33,7 +33,7 @@ func ReferencedFiles(imagesDir string) ([]string, error) {
 			continue
 		}
 		if rest == "" || strings.Contains(rest, "/") || rest != filepath.Clean(rest) || rest == ".." {
-			return nil, fmt.Errorf("image %s names memory file %q: not a file of the family directory", imagesDir, name)
+			return nil, fmt.Errorf("image %s names memory file %q: not a file of the family directory", checkpointDir, name)
 		}
 		out = append(out, rest)
 	}

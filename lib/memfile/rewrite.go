@@ -24,7 +24,7 @@ import (
 
 type rewriter struct {
 	opts    Options
-	set     *imageSet
+	set     *checkpointSet
 	res     *Result
 	files   []*memFile
 	renames [][2]string      // temp image -> final image

@@ -203,7 +203,7 @@ func TestRewriteSynthetic(t *testing.T) {
 	t2.pages = append(page('x'), page('y')...)
 	writeSynth(t, img, []*crit.CriuEntry{regE(1, "/lib/libfoo.so", uint64(len(lib)))}, t1, t2)
 
-	res, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, RootFS: rootfs, ConvertFilePrivate: true, Prefix: "p"})
+	res, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, RootFS: rootfs, ConvertFilePrivate: true, Prefix: "p"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +325,7 @@ func TestRewriteDeltaSynthetic(t *testing.T) {
 
 	img := mk("delta")
 	was := dirState(t, img)
-	res, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, Prefix: "s2"})
+	res, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, Prefix: "s2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +335,7 @@ func TestRewriteDeltaSynthetic(t *testing.T) {
 	sameState(t, "delta image", was, dirState(t, img))
 
 	img = mk("rebase")
-	res, err = Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, Prefix: "s3", Rebase: true})
+	res, err = Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, Prefix: "s3", Rebase: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +367,7 @@ func TestRewriteDeltaSynthetic(t *testing.T) {
 	img = mk("orphan")
 	empty := filepath.Join(root, "empty")
 	os.Mkdir(empty, 0o755)
-	if _, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: empty, Prefix: "x"}); err == nil || !strings.Contains(err.Error(), baseName) {
+	if _, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: empty, Prefix: "x"}); err == nil || !strings.Contains(err.Error(), baseName) {
 		t.Errorf("missing family file: %v", err)
 	}
 }
@@ -386,22 +386,22 @@ func TestAllocatorsSynthetic(t *testing.T) {
 	if err != nil || strings.Join(got, ",") != "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2" {
 		t.Fatalf("Detect = %v, %v", got, err)
 	}
-	if _, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family}); !errors.Is(err, ErrAllocator) {
+	if _, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family}); !errors.Is(err, ErrAllocator) {
 		t.Fatalf("err = %v, want ErrAllocator", err)
 	}
-	if res, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, AllowAllocators: true}); err != nil || res.VMAsConverted != 1 {
+	if res, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, AllowAllocators: true}); err != nil || res.VMAsConverted != 1 {
 		t.Fatalf("AllowAllocators: %+v, %v", res, err)
 	}
 }
 
-func TestNotAnImage(t *testing.T) {
+func TestNotACheckpoint(t *testing.T) {
 	dir := t.TempDir()
-	_, err := Rewrite(context.Background(), Options{ImagesDir: dir, FamilyDir: dir})
+	_, err := Rewrite(context.Background(), Options{CheckpointDir: dir, FamilyDir: dir})
 	want := dir + " is not a CRIU image directory (no inventory.img); pass the image dir printed by lf-dump"
-	if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, ErrNotImage) {
+	if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, ErrNotCheckpoint) {
 		t.Fatalf("err = %v", err)
 	}
-	if _, err := Detect(dir); !errors.Is(err, ErrNotImage) {
+	if _, err := Detect(dir); !errors.Is(err, ErrNotCheckpoint) {
 		t.Fatalf("Detect: %v", err)
 	}
 	// An inventory that is not one.
@@ -421,7 +421,7 @@ func TestFamilyDirMustBeTmpfs(t *testing.T) {
 	if unix.Statfs(disk, &sfs) == nil && sfs.Type == unix.TMPFS_MAGIC {
 		t.Skip("the temp dir is on tmpfs here")
 	}
-	if _, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: disk}); err == nil || !strings.Contains(err.Error(), "not on tmpfs") {
+	if _, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: disk}); err == nil || !strings.Contains(err.Error(), "not on tmpfs") {
 		t.Fatalf("err = %v", err)
 	}
 }
@@ -460,7 +460,7 @@ func TestRewriteReadsCRIU42PageCounts(t *testing.T) {
 				tk.pages = append(tk.pages, page(b)...)
 			}
 			writeSynth(t, img, nil, tk)
-			res, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, Prefix: "p"})
+			res, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, Prefix: "p"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -488,7 +488,7 @@ func TestRewriteRefusesUnaccountedPages(t *testing.T) {
 		pm: []*pagemap.PagemapEntry{e}, pages: append(page('a'), page('b')...)}
 	writeSynth(t, img, nil, tk)
 	before := listDir(t, img)
-	_, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, Prefix: "p"})
+	_, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, Prefix: "p"})
 	if !errors.Is(err, ErrUnaccounted) || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("err = %v, want one line wrapping ErrUnaccounted", err)
 	}
@@ -516,7 +516,7 @@ func TestInspectSynthetic(t *testing.T) {
 	}
 	writeSynth(t, img, nil, tk)
 	was := dirState(t, img)
-	rep, err := Inspect(Options{ImagesDir: img, FamilyDir: family})
+	rep, err := Inspect(Options{CheckpointDir: img, FamilyDir: family})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,7 +537,7 @@ func TestInspectSynthetic(t *testing.T) {
 		}
 	}
 	p := rep.Pages
-	if p.PagemapEntries != 4 || p.InImage != 6 || p.ToMemoryFiles != 3 || p.StayInImage != 3 || rep.Rewritten {
+	if p.PagemapEntries != 4 || p.InCheckpoint != 6 || p.ToMemoryFiles != 3 || p.StayInCheckpoint != 3 || rep.Rewritten {
 		t.Errorf("pages %+v", p)
 	}
 	if len(rep.Files) != 1 || rep.Files[0].Kind != "anon" || rep.Files[0].Exists || rep.Files[0].VMAs != 1 {
@@ -557,7 +557,7 @@ func TestGuardVMAsSynthetic(t *testing.T) {
 	}, pm: []*pagemap.PagemapEntry{pmE(0, 1), pmE(6, 2)}}
 	tk.pages = append(append(page('a'), page('b')...), page('c')...)
 	writeSynth(t, img, nil, tk)
-	res, err := Rewrite(context.Background(), Options{ImagesDir: img, FamilyDir: family, Prefix: "g"})
+	res, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, Prefix: "g"})
 	if err != nil {
 		t.Fatal(err)
 	}

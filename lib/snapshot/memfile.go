@@ -70,7 +70,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 		rebase = shared > 0 && float64(s.Dump.PagesWritten) > RebaseFraction*float64(shared)
 	}
 	res, err := memfile.Rewrite(ctx, memfile.Options{
-		ImagesDir:          s.ImagesDir,
+		CheckpointDir:      s.CheckpointDir,
 		FamilyDir:          s.FamilyDir,
 		MountPath:          memfile.DefaultMountPath,
 		RootFS:             root,

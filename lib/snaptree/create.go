@@ -6,11 +6,11 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/treedoc"
 )
 
@@ -21,7 +21,7 @@ type CreateOptions struct {
 	KSM    bool    // opt-in KSM for the tree's memory (recorded; same-tenant only)
 	Label  string  // the root node's label
 	// Container is the root container to create (Create only).
-	Container runtime.CreateOptions
+	Container container.CreateOptions
 }
 
 // Create makes a tree rooted at a new container created from an image, inside the tree
@@ -34,11 +34,11 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Tree, error) {
 // keyframe (lib/fork.Prepare), which puts it in the tree cgroup. A container that
 // already belongs to a tree is refused.
 func (m *Manager) Adopt(ctx context.Context, ref string, o CreateOptions) (*Tree, error) {
-	c, err := m.RT.Tree.Resolve(ref)
+	c, err := m.RT.Containers.Resolve(ref)
 	if err != nil {
 		return nil, err
 	}
-	if st := m.RT.State(c); st != tree.StateRunning {
+	if st := m.RT.State(c); st != store.StateRunning {
 		return nil, invalidState("adopt %s: it is %s; only a running container can root a tree (start it first)", ref, st)
 	}
 	if t, err := m.treeOf(c.ID); err != nil {
@@ -72,7 +72,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, adopt string) (_ 
 		return nil, fmt.Errorf("tree budget: %w", err)
 	}
 	if o.Name != "" {
-		if err := tree.ValidateName(o.Name); err != nil {
+		if err := store.ValidateName(o.Name); err != nil {
 			return nil, fmt.Errorf("tree name: %w", err)
 		}
 		if all, err := m.List(); err != nil {
@@ -99,7 +99,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, adopt string) (_ 
 		return nil, fmt.Errorf("create tree: %w", err)
 	}
 	t.Cgroup = cg.Paths
-	var c *tree.Container
+	var c *store.Container
 	defer func() {
 		if retErr != nil {
 			if c != nil && adopt == "" {
@@ -116,7 +116,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, adopt string) (_ 
 	kind := "create"
 	if adopt != "" {
 		kind = "adopt"
-		if c, err = m.RT.Tree.Get(adopt); err != nil {
+		if c, err = m.RT.Containers.Get(adopt); err != nil {
 			return nil, err
 		}
 	} else if c, err = op.trt.Create(ctx, o.Container); err != nil {
@@ -146,5 +146,5 @@ func setKeyframe(n *Node, k *stage.Snapshot) {
 	n.Generation++
 	n.DirtyPages = int64(k.Dump.PagesWritten)
 	// Physical bytes, as written: the memory files named after it and its image.
-	n.KeyframeBytes = keyframeTmpfsBytes(k.Family, k.ID) + diskBytes(k.ImagesDir)
+	n.KeyframeBytes = keyframeTmpfsBytes(k.Family, k.ID) + diskBytes(k.CheckpointDir)
 }

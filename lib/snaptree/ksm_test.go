@@ -7,14 +7,14 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/ksm"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
 // mergeable counts the VMAs of node id's processes whose VmFlags carry mg.
-func mergeable(t *testing.T, rt *runtime.Runtime, id string) int {
+func mergeable(t *testing.T, rt *container.Runtime, id string) int {
 	t.Helper()
 	cg, err := cgroup.LoadOwned(cgroup.Paths(mustGet(t, rt, id).Cgroup))
 	if err != nil {
@@ -33,7 +33,7 @@ func TestKSMTree(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	m := &snaptree.Manager{RT: rt}
 	tr, err := m.Create(ctx, snaptree.CreateOptions{KSM: true,
-		Container: runtime.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", prog}}})
+		Container: container.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", prog}}})
 	if err != nil {
 		t.Fatalf("create a ksm tree: %v", err)
 	}
@@ -46,7 +46,7 @@ func TestKSMTree(t *testing.T) {
 	})
 	c := mustGet(t, rt, tr.Root)
 	testutil.Eventually(t, 20*time.Second, "root program ready", func() bool {
-		res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: 10 * time.Second})
+		res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: 10 * time.Second})
 		return err == nil && res.ExitCode == 0
 	})
 	if !tr.KSM || mergeable(t, rt, tr.Root) == 0 {

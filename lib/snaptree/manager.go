@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/guard"
-	"github.com/lazyfork/lazyfork/lib/runtime"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/treedoc"
 )
 
@@ -36,7 +36,7 @@ type Event struct {
 // Manager runs tree operations on a runtime. Its methods are safe to call from several
 // goroutines and processes: each holds the tree's lock for its whole run.
 type Manager struct {
-	RT *runtime.Runtime
+	RT *container.Runtime
 	// OnEvent, if set, is called after each mutation (including every eviction it
 	// caused), with the tree lock released.
 	OnEvent func(Event)
@@ -75,7 +75,7 @@ func (m *Manager) emit(evs []Event) {
 type op struct {
 	m     *Manager
 	t     *Tree
-	trt   *runtime.Runtime // the runtime whose new cgroups go inside the tree's
+	trt   *container.Runtime // the runtime whose new cgroups go inside the tree's
 	ctx   context.Context
 	start time.Time
 	evs   []Event
@@ -85,14 +85,14 @@ type op struct {
 
 // lock takes container id's lock (lib/guard: the porcelain, daemon and stages take the
 // same) for the rest of the operation, once, and returns the record read under it.
-func (o *op) lock(id string) (*tree.Container, error) {
+func (o *op) lock(id string) (*store.Container, error) {
 	if o.locks == nil {
 		o.locks = map[string]func(){}
 	}
 	if _, ok := o.locks[id]; ok {
-		return o.m.RT.Tree.Get(id)
+		return o.m.RT.Containers.Get(id)
 	}
-	c, unlock, err := guard.Lock(o.ctx, o.m.RT.Tree, id, 0)
+	c, unlock, err := guard.Lock(o.ctx, o.m.RT.Containers, id, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -205,16 +205,16 @@ func (m *Manager) Get(ctx context.Context, ref string) (*Tree, error) {
 }
 
 // node resolves a node reference (container id, name or id prefix) within the tree.
-func (o *op) node(ref string) (*Node, *tree.Container, error) {
+func (o *op) node(ref string) (*Node, *store.Container, error) {
 	if ref == "" {
 		ref = o.t.Root
 	}
-	var c *tree.Container
+	var c *store.Container
 	var err error
 	if n := o.t.Nodes[ref]; n != nil {
-		c, err = o.m.RT.Tree.Get(ref)
+		c, err = o.m.RT.Containers.Get(ref)
 	} else {
-		c, err = o.m.RT.Tree.Resolve(ref)
+		c, err = o.m.RT.Containers.Resolve(ref)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("tree %s: node %q: %w", o.t.ID, ref, err)

@@ -14,11 +14,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/memfile"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/treedoc"
 )
@@ -27,7 +27,7 @@ import (
 // directory on disk and returns the entry describing them. Memory files are stored once
 // per tree (they never change once written). Nothing on tmpfs is removed here.
 func pack(t *Tree, n *Node, s *stage.Snapshot, role string) (Packed, error) {
-	files, err := memfile.ReferencedFiles(s.ImagesDir)
+	files, err := memfile.ReferencedFiles(s.CheckpointDir)
 	if err != nil {
 		return Packed{}, fmt.Errorf("pack %s: %w", s.ID, err)
 	}
@@ -203,7 +203,7 @@ func sweepStore(t *Tree) error {
 // (a suspended node's are packed on disk, and come back with it). It holds the state lock
 // exclusively, so no dump, rewrite or restore is using the family meanwhile. It returns
 // the bytes freed. When a snapshot's references cannot be read, nothing is deleted.
-func FreeFamily(ctx context.Context, rt *runtime.Runtime, family string) (int64, error) {
+func FreeFamily(ctx context.Context, rt *container.Runtime, family string) (int64, error) {
 	if !treedoc.SnapIDRe.MatchString(family) {
 		return 0, fmt.Errorf("free family %q: bad id", family)
 	}
@@ -229,7 +229,7 @@ func FreeFamily(ctx context.Context, rt *runtime.Runtime, family string) (int64,
 		if s.Family != family {
 			continue
 		}
-		refs, err := memfile.ReferencedFiles(s.ImagesDir)
+		refs, err := memfile.ReferencedFiles(s.CheckpointDir)
 		if err != nil {
 			return 0, fmt.Errorf("free family %s: snapshot %s: %w (nothing deleted)", family, s.ID, err)
 		}
@@ -268,8 +268,8 @@ type inode struct{ dev, ino uint64 }
 
 // mappedInodes is every file mapped by a process of a container of family (from
 // /proc/<pid>/maps, which names device and inode whatever the mount namespace).
-func mappedInodes(rt *runtime.Runtime, family string) (map[inode]bool, error) {
-	all, err := rt.Tree.List()
+func mappedInodes(rt *container.Runtime, family string) (map[inode]bool, error) {
+	all, err := rt.Containers.List()
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +278,7 @@ func mappedInodes(rt *runtime.Runtime, family string) (map[inode]bool, error) {
 		if c.Family != family {
 			continue
 		}
-		cg, err := runtime.Cgroup(c)
+		cg, err := container.Cgroup(c)
 		if err != nil {
 			continue // no group: no process
 		}

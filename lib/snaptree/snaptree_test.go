@@ -13,22 +13,22 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/runtime"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 func TestMain(m *testing.M) {
 	criu.MaybeKdatHelper()
-	runtime.MaybeInit()
-	runtime.MaybeCgexec()
+	container.MaybeInit()
+	container.MaybeCgexec()
 	os.Exit(m.Run())
 }
 
@@ -73,13 +73,13 @@ func queryScript() string {
 }
 
 // query returns the heap hash and the query counter of a node's program.
-func query(t *testing.T, rt *runtime.Runtime, id string) (string, int) {
+func query(t *testing.T, rt *container.Runtime, id string) (string, int) {
 	t.Helper()
-	c, err := rt.Tree.Get(id)
+	c, err := rt.Containers.Get(id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", queryScript()}, Timeout: execTimeout()})
+	res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"sh", "-c", queryScript()}, Timeout: execTimeout()})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("query %s: %v %+v", id, err, res)
 	}
@@ -92,34 +92,34 @@ func query(t *testing.T, rt *runtime.Runtime, id string) (string, int) {
 }
 
 // dirty makes a node's program write 8 MiB of its heap.
-func dirty(t *testing.T, rt *runtime.Runtime, id string) {
+func dirty(t *testing.T, rt *container.Runtime, id string) {
 	t.Helper()
-	res, err := rt.Exec(ctx, mustGet(t, rt, id), runtime.ExecOptions{Args: []string{"sh", "-c",
+	res, err := rt.Exec(ctx, mustGet(t, rt, id), container.ExecOptions{Args: []string{"sh", "-c",
 		fmt.Sprintf(`rm -f /tmp/d; kill -USR2 1; for i in $(seq %d); do [ -f /tmp/d ] && exit 0; sleep 0.05; done; exit 1`, waitLoops())}, Timeout: execTimeout()})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("dirty %s: %v %+v", id, err, res)
 	}
 }
 
-func catFile(t *testing.T, rt *runtime.Runtime, id, path string) string {
+func catFile(t *testing.T, rt *container.Runtime, id, path string) string {
 	t.Helper()
-	c, err := rt.Tree.Get(id)
+	c, err := rt.Containers.Get(id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"cat", path}, Timeout: execTimeout()})
+	res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"cat", path}, Timeout: execTimeout()})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("cat %s in %s: %v %+v", path, id, err, res)
 	}
 	return res.Stdout
 }
 
-func newTree(t *testing.T, b *snaptree.Budget) (*runtime.Runtime, *snaptree.Manager, *snaptree.Tree) {
+func newTree(t *testing.T, b *snaptree.Budget) (*container.Runtime, *snaptree.Manager, *snaptree.Tree) {
 	t.Helper()
 	rt := testutil.NewRuntime(t)
 	m := &snaptree.Manager{RT: rt}
 	tr, err := m.Create(ctx, snaptree.CreateOptions{Budget: b, Label: "root",
-		Container: runtime.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", prog}}})
+		Container: container.CreateOptions{Image: testutil.DefaultImage, Command: []string{"python3", "-c", prog}}})
 	if err != nil {
 		t.Fatalf("create tree: %v", err)
 	}
@@ -131,9 +131,9 @@ func newTree(t *testing.T, b *snaptree.Budget) (*runtime.Runtime, *snaptree.Mana
 			}
 		}
 	})
-	c, _ := rt.Tree.Get(tr.Root)
+	c, _ := rt.Containers.Get(tr.Root)
 	testutil.Eventually(t, 20*time.Second, "root program ready", func() bool {
-		res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: execTimeout()})
+		res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: execTimeout()})
 		return err == nil && res.ExitCode == 0
 	})
 	return rt, m, tr
@@ -149,12 +149,12 @@ func nodeOf(t *testing.T, tr *snaptree.Tree, id string) *snaptree.Node {
 }
 
 // cgroupBytes is a live container's cgroup charge (0 when it has no group).
-func cgroupBytes(rt *runtime.Runtime, id string) int64 {
-	c, err := rt.Tree.Get(id)
+func cgroupBytes(rt *container.Runtime, id string) int64 {
+	c, err := rt.Containers.Get(id)
 	if err != nil {
 		return 0
 	}
-	cg, err := runtime.Cgroup(c)
+	cg, err := container.Cgroup(c)
 	if err != nil {
 		return 0
 	}
@@ -187,7 +187,7 @@ func TestTreeOperations(t *testing.T) {
 		t.Fatalf("root keyframe not written at create: %v", err)
 	}
 	// The root runs inside the tree cgroup.
-	c, _ := rt.Tree.Get(tr.Root)
+	c, _ := rt.Containers.Get(tr.Root)
 	for k, p := range c.Cgroup {
 		if !strings.HasPrefix(p, tr.Cgroup[k]+"/") {
 			t.Fatalf("root cgroup %s:%s is not inside the tree's %s", k, p, tr.Cgroup[k])
@@ -240,7 +240,7 @@ func TestTreeOperations(t *testing.T) {
 	if ramBefore == 0 {
 		t.Fatal("a has no cgroup charge before suspend")
 	}
-	if _, err := rt.Exec(ctx, mustGet(t, rt, a), runtime.ExecOptions{Args: []string{"sh", "-c", "echo only-in-a > /tmp/file-a"}}); err != nil {
+	if _, err := rt.Exec(ctx, mustGet(t, rt, a), container.ExecOptions{Args: []string{"sh", "-c", "echo only-in-a > /tmp/file-a"}}); err != nil {
 		t.Fatal(err)
 	}
 	tmpBefore := tmpfsBytes()
@@ -252,10 +252,10 @@ func TestTreeOperations(t *testing.T) {
 		t.Fatalf("suspended node: %+v", sn)
 	}
 	ca := mustGet(t, rt, a)
-	if ca.State != tree.StateStopped {
+	if ca.State != store.StateStopped {
 		t.Fatalf("a's record is %s", ca.State)
 	}
-	if _, err := runtime.Cgroup(ca); err == nil {
+	if _, err := container.Cgroup(ca); err == nil {
 		t.Fatalf("a still has a cgroup after suspend")
 	}
 	if _, err := os.Stat(filepath.Join(paths.Snapshots(), ca.Snapshot)); err == nil {
@@ -349,7 +349,7 @@ func TestTreeOperations(t *testing.T) {
 	if pr.DiskFreed <= 0 {
 		t.Fatalf("pruning a (with a packed keyframe) freed no disk: %+v", pr)
 	}
-	for _, c := range []*tree.Container{pa, paa} {
+	for _, c := range []*store.Container{pa, paa} {
 		if len(c.Cgroup) == 0 {
 			t.Fatalf("%s had no cgroup before the prune", c.ID)
 		}
@@ -366,7 +366,7 @@ func TestTreeOperations(t *testing.T) {
 		t.Fatalf("prune result %+v", pr)
 	}
 	for _, id := range []string{a, aa[0].ID} {
-		if _, err := rt.Tree.Get(id); !errors.Is(err, tree.ErrNotFound) {
+		if _, err := rt.Containers.Get(id); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("pruned %s still recorded: %v", id, err)
 		}
 		if _, err := os.Stat(snaptree.TreeDirNode(tr.ID, id)); err == nil {
@@ -378,9 +378,9 @@ func TestTreeOperations(t *testing.T) {
 	}
 }
 
-func mustGet(t *testing.T, rt *runtime.Runtime, id string) *tree.Container {
+func mustGet(t *testing.T, rt *container.Runtime, id string) *store.Container {
 	t.Helper()
-	c, err := rt.Tree.Get(id)
+	c, err := rt.Containers.Get(id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -499,7 +499,7 @@ func TestSuspendFreesRAMPowerCutAndPrune(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := forks[0].ID
-	if _, err := rt.Exec(ctx, mustGet(t, rt, a), runtime.ExecOptions{Args: []string{"sh", "-c", "echo a-was-here > /tmp/file-a"}}); err != nil {
+	if _, err := rt.Exec(ctx, mustGet(t, rt, a), container.ExecOptions{Args: []string{"sh", "-c", "echo a-was-here > /tmp/file-a"}}); err != nil {
 		t.Fatal(err)
 	}
 	hr, nr := query(t, rt, tr.Root)
@@ -570,7 +570,7 @@ func TestSuspendFreesRAMPowerCutAndPrune(t *testing.T) {
 	if ents, _ := os.ReadDir(paths.Layers()); len(ents) > 0 {
 		t.Fatalf("layers left: %d", len(ents))
 	}
-	if all, _ := rt.Tree.List(); len(all) > 0 {
+	if all, _ := rt.Containers.List(); len(all) > 0 {
 		t.Fatalf("records left: %d", len(all))
 	}
 	if _, err := cgroup.LoadOwned(tr.Cgroup); err == nil {
@@ -606,7 +606,7 @@ func TestForgedTreeDocument(t *testing.T) {
 				"packed": []map[string]any{{"snapshot": "s0123456789ab", "role": "suspend", "family": "s0123456789ab",
 					"files": []string{"x.mem"}, "dir": filepath.Join(root, "trees", id, "nodes", "0123456789ab", "s0123456789ab")}}}}}
 	}
-	m := &snaptree.Manager{RT: &runtime.Runtime{}}
+	m := &snaptree.Manager{RT: &container.Runtime{}}
 	write := func(doc map[string]any) {
 		if err := os.MkdirAll(filepath.Join(root, "trees", id), 0o700); err != nil {
 			t.Fatal(err)
@@ -650,12 +650,12 @@ func TestForgedTreeDocument(t *testing.T) {
 func TestAdoptRollbackSuspendedDrop(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	m := &snaptree.Manager{RT: rt}
-	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "adoptee", Command: []string{"python3", "-c", prog}})
+	c, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "adoptee", Command: []string{"python3", "-c", prog}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 20*time.Second, "program ready", func() bool {
-		res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: execTimeout()})
+		res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: execTimeout()})
 		return err == nil && res.ExitCode == 0
 	})
 	h0, n0 := query(t, rt, c.ID)

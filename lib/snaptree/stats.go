@@ -7,22 +7,22 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/budget"
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/ksm"
 	"github.com/lazyfork/lazyfork/lib/memfile"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/procfs"
-	"github.com/lazyfork/lazyfork/lib/runtime"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // refresh brings every node's live figures up to date: state (a live node whose
 // processes are gone is exited), RAM (its cgroup's charge), CPU time and, when that
 // changed, last-active; disk shares; and the tree's usage.
-func refresh(t *Tree, rt *runtime.Runtime) {
+func refresh(t *Tree, rt *container.Runtime) {
 	now := time.Now().UTC()
 	for _, n := range t.Nodes {
-		c, err := rt.Tree.Get(n.ID)
+		c, err := rt.Containers.Get(n.ID)
 		if n.State == StateSuspended {
 			// RAMBytes stays what it was at suspend: a resume is planned with it.
 			if err == nil && n.HasKeyframe {
@@ -30,7 +30,7 @@ func refresh(t *Tree, rt *runtime.Runtime) {
 			}
 			continue
 		}
-		if err != nil || rt.State(c) == tree.StateExited || c.State == tree.StateStopped {
+		if err != nil || rt.State(c) == store.StateExited || c.State == store.StateStopped {
 			n.State, n.RAMBytes = StateExited, 0
 			continue
 		}
@@ -38,7 +38,7 @@ func refresh(t *Tree, rt *runtime.Runtime) {
 		if n.HasKeyframe {
 			n.SharedRAMBytes = keyframeTmpfsBytes(c.Family, n.Keyframe)
 		}
-		if cg, err := runtime.Cgroup(c); err == nil {
+		if cg, err := container.Cgroup(c); err == nil {
 			if st, err := cg.Stats(); err == nil {
 				n.RAMBytes = int64(st.MemoryBytes)
 			}
@@ -94,7 +94,7 @@ func usage(t *Tree) Usage {
 }
 
 // families are the memory-file families the tree's containers use.
-func families(t *Tree, rt *runtime.Runtime) []string {
+func families(t *Tree, rt *container.Runtime) []string {
 	seen := map[string]bool{}
 	var out []string
 	add := func(f string) {
@@ -104,7 +104,7 @@ func families(t *Tree, rt *runtime.Runtime) []string {
 		}
 	}
 	for _, n := range t.NodeList() {
-		if c, err := rt.Tree.Get(n.ID); err == nil {
+		if c, err := rt.Containers.Get(n.ID); err == nil {
 			add(c.Family)
 		}
 		for _, p := range n.Packed {
@@ -115,7 +115,7 @@ func families(t *Tree, rt *runtime.Runtime) []string {
 }
 
 // tmpfsBytes is what the tree's families hold on tmpfs.
-func tmpfsBytes(t *Tree, rt *runtime.Runtime) int64 {
+func tmpfsBytes(t *Tree, rt *container.Runtime) int64 {
 	var n int64
 	for _, f := range families(t, rt) {
 		n += fork.FamilyBytes(f)

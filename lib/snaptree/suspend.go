@@ -8,7 +8,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/stage"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // Suspend stops node into a snapshot, packs it (and its keyframe) to disk with every
@@ -107,7 +107,7 @@ func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tre
 		if p == nil {
 			// Stopped but not packed (`lazyfork stop`, or a suspend whose process died
 			// before packing): its snapshot on tmpfs restarts it.
-			if c.State == tree.StateStopped {
+			if c.State == store.StateStopped {
 				s, _ = fork.LoadSnapshot(c.Snapshot)
 			}
 			if s == nil {
@@ -126,7 +126,7 @@ func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tre
 				return err
 			}
 		}
-		if c.Snapshot != s.ID || c.State != tree.StateStopped {
+		if c.Snapshot != s.ID || c.State != store.StateStopped {
 			return fmt.Errorf("resume %s: its record is %s on snapshot %q, not the packed %s", n.ID, c.State, c.Snapshot, s.ID)
 		}
 		if err := fork.Start(ctx, o.trt, c); err != nil {

@@ -18,7 +18,7 @@ func (s *Snapshot) Explain(w io.Writer) {
 		d := s.Dump
 		fmt.Fprintf(w, "read: container %s, pid %d, depth %d, from the store (its record, never the pipe, says where it lives)\n", src, s.Source.Pid, s.Source.Depth)
 		fmt.Fprintf(w, "froze its tasks for %.0f ms: CRIU dumps a stopped process tree, and the file system must be taken at the same instant as memory\n", d.FrozenMs)
-		fmt.Fprintf(w, "  wrote checkpoint %s: %d of %d pages scanned had data (%.1f MB of image files)\n", s.ImagesDir, d.PagesWritten, d.PagesScanned, float64(d.ImageBytes)/mb)
+		fmt.Fprintf(w, "  wrote checkpoint %s: %d of %d pages scanned had data (%.1f MB of image files)\n", s.CheckpointDir, d.PagesWritten, d.PagesScanned, float64(d.CheckpointBytes)/mb)
 		fmt.Fprintf(w, "  copied its writable layer to %s while frozen (%.0f ms): forks mount it read-only under their own upper\n", s.Layer, d.LayerMs)
 		if s.LeftRunning {
 			fmt.Fprintf(w, "  then thawed it: the container runs on (--exit would have ended it)\n")
@@ -34,7 +34,7 @@ func (s *Snapshot) Explain(w io.Writer) {
 		return
 	}
 	m := s.Memfile
-	fmt.Fprintf(w, "read: snapshot %s of %s, checkpoint %s\n", s.ID, src, s.ImagesDir)
+	fmt.Fprintf(w, "read: snapshot %s of %s, checkpoint %s\n", s.ID, src, s.CheckpointDir)
 	fmt.Fprintf(w, "moved %d pages of %d anonymous VMAs and %d copied-on-write file VMAs into %d memory files in %s: %.1f MB written in %.0f ms (%.0f MB/s)\n",
 		m.PagesMoved, m.VMAsConverted, m.FileVMAsConverted, m.Files, s.FamilyDir, float64(m.BytesWritten)/mb, m.Ms, m.MBPerSec)
 	if m.SharedPages > 0 || m.DeltaPages > 0 {
@@ -60,7 +60,7 @@ type Restored struct {
 // Explain tells what the restore read, made and why.
 func (r Restored) Explain(w io.Writer) {
 	s := r.Snapshot
-	fmt.Fprintf(w, "read: snapshot %s (state %s), checkpoint %s, layer %s\n", s.ID, s.State, s.ImagesDir, s.Layer)
+	fmt.Fprintf(w, "read: snapshot %s (state %s), checkpoint %s, layer %s\n", s.ID, s.State, s.CheckpointDir, s.Layer)
 	if s.State == SnapMemfiled {
 		fmt.Fprintf(w, "restored %d fork(s) with CRIU; each maps the memory files of family %s (%s, read-only at /.lazyfork/mem) MAP_PRIVATE: they share every page until one writes it\n",
 			len(r.Forks), s.Family, s.FamilyDir)

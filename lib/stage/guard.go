@@ -12,7 +12,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/cgroup/owned"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // ErrForged marks stage input that names something LazyFork does not manage: a path
@@ -70,7 +70,7 @@ func CheckSnapshot(s *Snapshot) error {
 	}
 	want := []struct{ field, got, want string }{
 		{"dir", s.Dir, filepath.Join(paths.Snapshots(), s.ID)},
-		{"images_dir", s.ImagesDir, filepath.Join(paths.Snapshots(), s.ID, "images")},
+		{"images_dir", s.CheckpointDir, filepath.Join(paths.Snapshots(), s.ID, "images")},
 		{"family_dir", s.FamilyDir, filepath.Join(paths.Families(), s.Family)},
 	}
 	if s.Layer != "" {
@@ -114,7 +114,7 @@ func checkLower(lower []string) error {
 // CheckRecord refuses a container record (container.json, `lf-tree put`) whose paths
 // or cgroup are not LazyFork's: its upper, work dir, root, memory dir and lower layers
 // must lie inside the state roots, its cgroup inside the project's subtree.
-func CheckRecord(c *tree.Container) error {
+func CheckRecord(c *store.Container) error {
 	what := "container " + c.ID
 	if !validContainerID(c.ID) {
 		return forged("container", fmt.Errorf("bad id %q (want 12 hex digits)", c.ID))

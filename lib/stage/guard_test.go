@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/lazyfork/lazyfork/lib/paths"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 func roots(t *testing.T) {
@@ -22,7 +22,7 @@ func goodSnapshot() *Snapshot {
 	id, fam := "s0123456789ab", "sba9876543210"
 	dir := filepath.Join(paths.Snapshots(), id)
 	return &Snapshot{Kind: KindSnapshot, Version: Version, ID: id, State: SnapDumped, Dir: dir,
-		ImagesDir: filepath.Join(dir, "images"), Family: fam, FamilyDir: filepath.Join(paths.Families(), fam),
+		CheckpointDir: filepath.Join(dir, "images"), Family: fam, FamilyDir: filepath.Join(paths.Families(), fam),
 		Layer: filepath.Join(paths.Layers(), id), Lower: []string{filepath.Join(paths.Layers(), id), filepath.Join(paths.Images(), "layers", "abc")},
 		Source: Source{ID: "0123456789ab"}}
 }
@@ -44,7 +44,7 @@ func TestCheckSnapshot(t *testing.T) {
 		"dir /":                func(s *Snapshot) { s.Dir = "/" },
 		"dir /etc":             func(s *Snapshot) { s.Dir = "/etc" },
 		"dir escape":           func(s *Snapshot) { s.Dir = filepath.Join(paths.Snapshots(), "..", "..", "etc") },
-		"images_dir":           func(s *Snapshot) { s.ImagesDir = "/etc" },
+		"images_dir":           func(s *Snapshot) { s.CheckpointDir = "/etc" },
 		"family_dir /":         func(s *Snapshot) { s.FamilyDir = "/" },
 		"family_dir elsewhere": func(s *Snapshot) { s.FamilyDir = filepath.Join(paths.Run(), "x") },
 		"family ../":           func(s *Snapshot) { s.Family = "../../etc"; s.FamilyDir = filepath.Join(paths.Families(), s.Family) },
@@ -71,25 +71,25 @@ func TestCheckSnapshot(t *testing.T) {
 func TestCheckRecord(t *testing.T) {
 	roots(t)
 	dir := filepath.Join(paths.Containers(), "0123456789ab")
-	good := func() *tree.Container {
-		return &tree.Container{ID: "0123456789ab", Upper: dir + "/upper", Work: dir + "/work", RootFS: dir + "/rootfs",
+	good := func() *store.Container {
+		return &store.Container{ID: "0123456789ab", Upper: dir + "/upper", Work: dir + "/work", RootFS: dir + "/rootfs",
 			MemDir: filepath.Join(paths.Run(), "mem", "0123456789ab"), Lower: []string{filepath.Join(paths.Images(), "layers", "a")},
 			Cgroup: map[string]string{"unified": "/x/lazyfork/0123456789ab"}, Family: "s0123456789ab"}
 	}
 	if err := CheckRecord(good()); err != nil {
 		t.Fatalf("a real record's shape refused: %v", err)
 	}
-	cases := map[string]func(c *tree.Container){
-		"upper /etc":       func(c *tree.Container) { c.Upper = "/etc" },
-		"rootfs /":         func(c *tree.Container) { c.RootFS = "/" },
-		"work escape":      func(c *tree.Container) { c.Work = dir + "/../../../../etc" },
-		"lower /":          func(c *tree.Container) { c.Lower = []string{"/"} },
-		"cgroup system":    func(c *tree.Container) { c.Cgroup = map[string]string{"unified": "/system.slice"} },
-		"cgroup escape":    func(c *tree.Container) { c.Cgroup = map[string]string{"unified": "/x/lazyfork/../../.."} },
-		"snapshot ref":     func(c *tree.Container) { c.Snapshot = "/etc" },
-		"family":           func(c *tree.Container) { c.Family = "../x" },
-		"bad id":           func(c *tree.Container) { c.ID = "../x" },
-		"mem_dir /dev/shm": func(c *tree.Container) { c.MemDir = "/dev/shm" },
+	cases := map[string]func(c *store.Container){
+		"upper /etc":       func(c *store.Container) { c.Upper = "/etc" },
+		"rootfs /":         func(c *store.Container) { c.RootFS = "/" },
+		"work escape":      func(c *store.Container) { c.Work = dir + "/../../../../etc" },
+		"lower /":          func(c *store.Container) { c.Lower = []string{"/"} },
+		"cgroup system":    func(c *store.Container) { c.Cgroup = map[string]string{"unified": "/system.slice"} },
+		"cgroup escape":    func(c *store.Container) { c.Cgroup = map[string]string{"unified": "/x/lazyfork/../../.."} },
+		"snapshot ref":     func(c *store.Container) { c.Snapshot = "/etc" },
+		"family":           func(c *store.Container) { c.Family = "../x" },
+		"bad id":           func(c *store.Container) { c.ID = "../x" },
+		"mem_dir /dev/shm": func(c *store.Container) { c.MemDir = "/dev/shm" },
 	}
 	for name, mutate := range cases {
 		c := good()

@@ -37,14 +37,14 @@ type Source struct {
 // Snapshot is printed by lf-dump (state "dumped") and lf-memfile (state "memfiled"),
 // read by lf-memfile and lf-restore, and kept as snapshot.json in the snapshot directory.
 type Snapshot struct {
-	Kind      string    `json:"kind"`
-	Version   int       `json:"version"`
-	ID        string    `json:"id"`
-	State     string    `json:"state"`
-	Dir       string    `json:"dir"`        // snapshot directory on tmpfs
-	ImagesDir string    `json:"images_dir"` // the CRIU image (read-only once memfiled)
-	Created   time.Time `json:"created"`
-	Source    Source    `json:"source"`
+	Kind          string    `json:"kind"`
+	Version       int       `json:"version"`
+	ID            string    `json:"id"`
+	State         string    `json:"state"`
+	Dir           string    `json:"dir"`        // snapshot directory on tmpfs
+	CheckpointDir string    `json:"images_dir"` // the CRIU image (read-only once memfiled)
+	Created       time.Time `json:"created"`
+	Source        Source    `json:"source"`
 	// Owner is the pid of the process using the snapshot as a transient step (a dump in
 	// progress, a porcelain fork); once that process is gone the snapshot is garbage.
 	Owner int `json:"owner,omitempty"`
@@ -96,12 +96,12 @@ type Snapshot struct {
 
 // DumpStats are lf-dump's measurements.
 type DumpStats struct {
-	WallMs       float64 `json:"wall_ms"`
-	FrozenMs     float64 `json:"frozen_ms"` // how long the source's tasks were stopped
-	LayerMs      float64 `json:"layer_ms"`  // copying the upper while frozen
-	PagesWritten uint64  `json:"pages_written"`
-	PagesScanned uint64  `json:"pages_scanned"`
-	ImageBytes   int64   `json:"image_bytes"`
+	WallMs          float64 `json:"wall_ms"`
+	FrozenMs        float64 `json:"frozen_ms"` // how long the source's tasks were stopped
+	LayerMs         float64 `json:"layer_ms"`  // copying the upper while frozen
+	PagesWritten    uint64  `json:"pages_written"`
+	PagesScanned    uint64  `json:"pages_scanned"`
+	CheckpointBytes int64   `json:"image_bytes"`
 }
 
 // MemfileStats are lf-memfile's measurements.

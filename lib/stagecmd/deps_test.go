@@ -14,7 +14,7 @@ func TestStageDependencies(t *testing.T) {
 	heavy := []string{
 		"github.com/checkpoint-restore/go-criu/v8/rpc", "github.com/checkpoint-restore/go-criu/v7/rpc", lf + "criu",
 		"github.com/containerd/cgroups", lf + "cgroup",
-		lf + "runtime", lf + "fork", lf + "overlay", lf + "hook",
+		lf + "container", lf + "fork", lf + "overlay", lf + "hook",
 		lf + "image", "github.com/google/go-containerregistry",
 	}
 	everyStage := []string{lf + "daemon", lf + "client"}
@@ -25,10 +25,10 @@ func TestStageDependencies(t *testing.T) {
 		// lib/snaptree (the operations, which link the pipeline).
 		"lf-tree":      heavy,
 		"lib/stage":    heavy,
-		"lib/tree":     heavy,
+		"lib/store":    heavy,
 		"lib/snapshot": heavy,
-		"lf-overlay":   {"github.com/checkpoint-restore/", "github.com/containerd/cgroups", lf + "runtime", lf + "image", lf + "tree"},
-		"lf-cgroup":    {"github.com/checkpoint-restore/", lf + "runtime", lf + "image", lf + "tree", lf + "overlay"},
+		"lf-overlay":   {"github.com/checkpoint-restore/", "github.com/containerd/cgroups", lf + "container", lf + "image", lf + "store"},
+		"lf-cgroup":    {"github.com/checkpoint-restore/", lf + "container", lf + "image", lf + "store", lf + "overlay"},
 		"lf-dump":      nil,
 		"lf-restore":   nil,
 	}

@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/image"
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil/priv"
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 // RequireRoot skips a test that needs root, or fails it where privileged tests must run
@@ -44,7 +44,7 @@ const DefaultImage = "lazyfork/debian:bookworm"
 // NewRuntime gives a test its own container tree, tmpfs state and persistent root, while
 // sharing the machine's image store (the default image is built by `make image`).
 // Every container left at the end is deleted and the test fails if anything remains.
-func NewRuntime(t *testing.T) *runtime.Runtime {
+func NewRuntime(t *testing.T) *container.Runtime {
 	t.Helper()
 	RequireRoot(t)
 	imageRoot := os.Getenv("LAZYFORK_ROOT")
@@ -70,7 +70,7 @@ func NewRuntime(t *testing.T) *runtime.Runtime {
 	}
 	t.Setenv("LAZYFORK_RUN", run)
 	t.Setenv("LAZYFORK_ROOT", root)
-	ts, err := tree.Open(filepath.Join(root, "containers"))
+	ts, err := store.Open(filepath.Join(root, "containers"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func NewRuntime(t *testing.T) *runtime.Runtime {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := &runtime.Runtime{Tree: ts, Images: imgs, Exe: exe, CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT")}
+	rt := &container.Runtime{Containers: ts, Images: imgs, Exe: exe, CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT")}
 	t.Cleanup(func() {
 		all, _ := ts.List()
 		for _, c := range all {

@@ -1,4 +1,4 @@
-package runtime_test
+package container_test
 
 import (
 	"context"
@@ -10,36 +10,36 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 func TestMain(m *testing.M) {
-	runtime.MaybeInit()
-	runtime.MaybeCgexec()
+	container.MaybeInit()
+	container.MaybeCgexec()
 	os.Exit(m.Run())
 }
 
 const defaultImage = testutil.DefaultImage
 
-func newRuntime(t *testing.T) *runtime.Runtime { return testutil.NewRuntime(t) }
+func newRuntime(t *testing.T) *container.Runtime { return testutil.NewRuntime(t) }
 
 var counter = []string{"python3", "-c", "import itertools, time; [print(i, flush=True) or time.sleep(0.2) for i in itertools.count()]"}
 
-func create(t *testing.T, rt *runtime.Runtime, name string, cmd ...string) *tree.Container {
+func create(t *testing.T, rt *container.Runtime, name string, cmd ...string) *store.Container {
 	t.Helper()
-	c, err := rt.Create(context.Background(), runtime.CreateOptions{Image: defaultImage, Name: name, Command: cmd})
+	c, err := rt.Create(context.Background(), container.CreateOptions{Image: defaultImage, Name: name, Command: cmd})
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
 	return c
 }
 
-func lastCount(t *testing.T, c *tree.Container) int {
+func lastCount(t *testing.T, c *store.Container) int {
 	t.Helper()
-	b, err := os.ReadFile(runtime.LogPath(c))
+	b, err := os.ReadFile(container.LogPath(c))
 	if err != nil {
 		return -1
 	}
@@ -59,7 +59,7 @@ func TestCreateOutputGrowsAndExecSeesContainer(t *testing.T) {
 	c := create(t, rt, "counter", counter...)
 	testutil.Eventually(t, 10*time.Second, "output log to reach 3", func() bool { return lastCount(t, c) >= 3 })
 
-	res, err := rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"hostname"}})
+	res, err := rt.Exec(context.Background(), c, container.ExecOptions{Args: []string{"hostname"}})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("exec hostname: %v %+v", err, res)
 	}
@@ -67,7 +67,7 @@ func TestCreateOutputGrowsAndExecSeesContainer(t *testing.T) {
 		t.Errorf("hostname inside = %q, want the container id %q", got, c.ID)
 	}
 	// The pid namespace view: the user's command is pid 1 and nothing of the host shows.
-	res, err = rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '; echo; ls /proc | grep -c '^[0-9]'"}})
+	res, err = rt.Exec(context.Background(), c, container.ExecOptions{Args: []string{"sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '; echo; ls /proc | grep -c '^[0-9]'"}})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("exec ps: %v %+v", err, res)
 	}
@@ -78,13 +78,13 @@ func TestCreateOutputGrowsAndExecSeesContainer(t *testing.T) {
 	if n, _ := strconv.Atoi(out[1]); n < 2 || n > 5 {
 		t.Errorf("%d processes visible inside, want pid 1 plus the exec'd ones", n)
 	}
-	res, err = rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"cat", "/proc/sys/vm/overcommit_memory"}})
+	res, err = rt.Exec(context.Background(), c, container.ExecOptions{Args: []string{"cat", "/proc/sys/vm/overcommit_memory"}})
 	if err != nil || strings.TrimSpace(res.Stdout) != "2" {
 		t.Errorf("overcommit_memory inside = %q (%v), want 2", res.Stdout, err)
 	}
 	// /dev: our nodes only (the image's console and ptmx hidden), in the root file system
 	// rather than a tmpfs CRIU would have to archive, and a world-writable sticky /dev/shm.
-	res, err = rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"sh", "-c",
+	res, err = rt.Exec(context.Background(), c, container.ExecOptions{Args: []string{"sh", "-c",
 		`echo $(ls /dev); head -c 3 /dev/zero | od -An -tx1; stat -c %a /dev/shm; awk '$5 ~ "^/dev(/|$)" && $0 ~ / - tmpfs /' /proc/self/mountinfo | wc -l; echo x > /dev/null && echo ok`}})
 	if err != nil {
 		t.Fatalf("exec /dev checks: %v", err)
@@ -92,12 +92,12 @@ func TestCreateOutputGrowsAndExecSeesContainer(t *testing.T) {
 	if want := "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero\n 00 00 00\n1777\n0\nok"; strings.TrimSpace(res.Stdout) != want {
 		t.Errorf("/dev inside:\n%s\nwant:\n%s", res.Stdout, want)
 	}
-	res, err = rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"sh", "-c", "echo oops >&2; exit 7"}})
+	res, err = rt.Exec(context.Background(), c, container.ExecOptions{Args: []string{"sh", "-c", "echo oops >&2; exit 7"}})
 	if err != nil || res.ExitCode != 7 || strings.TrimSpace(res.Stderr) != "oops" {
 		t.Errorf("exec exit code/stderr: %v %+v", err, res)
 	}
 	info := rt.Inspect(c)
-	if info.State != tree.StateRunning || info.Procs != 1 || info.MemoryBytes <= 0 {
+	if info.State != store.StateRunning || info.Procs != 1 || info.MemoryBytes <= 0 {
 		t.Errorf("inspect = %+v, want running with 1 process and some memory", info)
 	}
 }
@@ -109,7 +109,7 @@ func TestFreezeStopsCountThawResumes(t *testing.T) {
 	if err := rt.Freeze(c); err != nil {
 		t.Fatal(err)
 	}
-	if st := rt.State(c); st != tree.StateFrozen {
+	if st := rt.State(c); st != store.StateFrozen {
 		t.Fatalf("state after freeze = %s", st)
 	}
 	a := lastCount(t, c)
@@ -117,7 +117,7 @@ func TestFreezeStopsCountThawResumes(t *testing.T) {
 	if b := lastCount(t, c); b != a {
 		t.Fatalf("count moved while frozen: %d -> %d", a, b)
 	}
-	if _, err := rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"true"}}); err == nil || !strings.Contains(err.Error(), "frozen") {
+	if _, err := rt.Exec(context.Background(), c, container.ExecOptions{Args: []string{"true"}}); err == nil || !strings.Contains(err.Error(), "frozen") {
 		t.Errorf("exec in a frozen container: %v, want an error saying it is frozen", err)
 	}
 	if err := rt.Thaw(c); err != nil {
@@ -130,7 +130,7 @@ func TestDeleteLeavesNoTrace(t *testing.T) {
 	rt := newRuntime(t)
 	c := create(t, rt, "doomed", "sh", "-c", "sleep 1000 & sleep 1000")
 	testutil.Eventually(t, 5*time.Second, "two processes", func() bool { return rt.Inspect(c).Procs >= 2 })
-	cg, err := runtime.Cgroup(c)
+	cg, err := container.Cgroup(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,12 +143,12 @@ func TestDeleteLeavesNoTrace(t *testing.T) {
 
 // assertGone checks that nothing of a container remains: process, mounts, cgroup dirs,
 // tmpfs dir, record.
-func assertGone(t *testing.T, rt *runtime.Runtime, c *tree.Container) {
+func assertGone(t *testing.T, rt *container.Runtime, c *store.Container) {
 	t.Helper()
-	if runtime.Alive(c) {
+	if container.Alive(c) {
 		t.Errorf("process %d still alive", c.Pid)
 	}
-	if m := fsutil.MountsUnder(rt.Tree.Path(c.ID)); len(m) > 0 {
+	if m := fsutil.MountsUnder(rt.Containers.Path(c.ID)); len(m) > 0 {
 		t.Errorf("mounts left: %v", m)
 	}
 	for ctrl, p := range c.Cgroup {
@@ -157,7 +157,7 @@ func assertGone(t *testing.T, rt *runtime.Runtime, c *tree.Container) {
 			t.Errorf("cgroup dir left: %s", dir)
 		}
 	}
-	for _, p := range []string{rt.Tree.Path(c.ID), c.MemDir} {
+	for _, p := range []string{rt.Containers.Path(c.ID), c.MemDir} {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("left behind: %s", p)
 		}
@@ -180,14 +180,14 @@ func TestBadInputLeavesNothing(t *testing.T) {
 	create(t, rt, "taken", "sleep", "1000")
 	cases := []struct {
 		name string
-		opts runtime.CreateOptions
+		opts container.CreateOptions
 		want string
 	}{
-		{"unknown image", runtime.CreateOptions{Image: "no-such-image-xyz", Command: []string{"true"}}, "no-such-image-xyz"},
-		{"duplicate name", runtime.CreateOptions{Image: defaultImage, Name: "taken", Command: []string{"true"}}, "already in use"},
-		{"invalid name", runtime.CreateOptions{Image: defaultImage, Name: "bad/name", Command: []string{"true"}}, "invalid name"},
-		{"missing command", runtime.CreateOptions{Image: defaultImage, Name: "x"}, "no command"},
-		{"command not in image", runtime.CreateOptions{Image: defaultImage, Name: "y", Command: []string{"no-such-binary"}}, "not found in the image"},
+		{"unknown image", container.CreateOptions{Image: "no-such-image-xyz", Command: []string{"true"}}, "no-such-image-xyz"},
+		{"duplicate name", container.CreateOptions{Image: defaultImage, Name: "taken", Command: []string{"true"}}, "already in use"},
+		{"invalid name", container.CreateOptions{Image: defaultImage, Name: "bad/name", Command: []string{"true"}}, "invalid name"},
+		{"missing command", container.CreateOptions{Image: defaultImage, Name: "x"}, "no command"},
+		{"command not in image", container.CreateOptions{Image: defaultImage, Name: "y", Command: []string{"no-such-binary"}}, "not found in the image"},
 	}
 	before := snapshotHost(t, rt)
 	for _, tc := range cases {
@@ -204,7 +204,7 @@ func TestBadInputLeavesNothing(t *testing.T) {
 		t.Errorf("bad input left something behind:\nbefore %s\nafter  %s", before, after)
 	}
 	for _, ref := range []string{"nope", "", "g"} { // "g": no hex id starts with it
-		if _, err := rt.Tree.Resolve(ref); err == nil {
+		if _, err := rt.Containers.Resolve(ref); err == nil {
 			t.Errorf("resolve %q succeeded", ref)
 		}
 	}
@@ -212,11 +212,11 @@ func TestBadInputLeavesNothing(t *testing.T) {
 
 // snapshotHost summarises what the runtime can leave behind: records, mounts, memory dirs
 // and cgroups under the containers' parent.
-func snapshotHost(t *testing.T, rt *runtime.Runtime) string {
+func snapshotHost(t *testing.T, rt *container.Runtime) string {
 	t.Helper()
-	recs, _ := os.ReadDir(rt.Tree.Dir)
+	recs, _ := os.ReadDir(rt.Containers.Dir)
 	mem, _ := os.ReadDir(filepath.Join(os.Getenv("LAZYFORK_RUN"), "mem"))
-	mounts := fsutil.MountsUnder(rt.Tree.Dir)
+	mounts := fsutil.MountsUnder(rt.Containers.Dir)
 	return strings.Join([]string{strconv.Itoa(len(recs)), strconv.Itoa(len(mem)), strconv.Itoa(len(mounts)), strconv.Itoa(countCgroups())}, "/")
 }
 
@@ -247,7 +247,7 @@ func TestRacingCreatesOneNameOneWinner(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			_, errs[i] = rt.Create(context.Background(), runtime.CreateOptions{Image: defaultImage, Name: "race", Command: []string{"sleep", "1000"}})
+			_, errs[i] = rt.Create(context.Background(), container.CreateOptions{Image: defaultImage, Name: "race", Command: []string{"sleep", "1000"}})
 		}(i)
 	}
 	wg.Wait()
@@ -262,7 +262,7 @@ func TestRacingCreatesOneNameOneWinner(t *testing.T) {
 	if wins != 1 {
 		t.Fatalf("%d creates won the name, want exactly 1", wins)
 	}
-	all, _ := rt.Tree.List()
+	all, _ := rt.Containers.List()
 	if len(all) != 1 {
 		t.Errorf("%d records, want 1", len(all))
 	}
@@ -271,14 +271,14 @@ func TestRacingCreatesOneNameOneWinner(t *testing.T) {
 // ReserveN checks names once for the whole batch and reserves all or nothing.
 func TestReserveNAllOrNothing(t *testing.T) {
 	rt := newRuntime(t)
-	fill := func(c *tree.Container) error { c.Image = "x"; return nil }
+	fill := func(c *store.Container) error { c.Image = "x"; return nil }
 	a, err := rt.Reserve("a", fill)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = rt.Tree.Remove(a.ID) })
+	t.Cleanup(func() { _ = rt.Containers.Remove(a.ID) })
 	count := func() int {
-		all, err := rt.Tree.List()
+		all, err := rt.Containers.List()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -304,10 +304,10 @@ func TestReserveNAllOrNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, want := range []string{"b", "c", ""} {
-		got, err := rt.Tree.Get(cs[i].ID)
-		if err != nil || got.Name != want || got.State != tree.StateCreating || got.Image != "x" {
+		got, err := rt.Containers.Get(cs[i].ID)
+		if err != nil || got.Name != want || got.State != store.StateCreating || got.Image != "x" {
 			t.Errorf("record %d = %+v (%v), want name %q, creating", i, got, err, want)
 		}
-		_ = rt.Tree.Remove(cs[i].ID)
+		_ = rt.Containers.Remove(cs[i].ID)
 	}
 }

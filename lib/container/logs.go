@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/fsutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // ErrLogNotRegular is wrapped by OpenLog's error when the container's output log is not a
@@ -23,7 +23,7 @@ var ErrLogNotRegular = errors.New("output log is not a regular file")
 // a host file, a fifo (which would block the reader) or a device node are refused, and
 // nothing else is opened first (the file is looked at through an O_PATH descriptor and
 // reopened through it only once it is known to be a regular file).
-func OpenLog(c *tree.Container) (*os.File, error) {
+func OpenLog(c *store.Container) (*os.File, error) {
 	root := c.Upper
 	if fsutil.IsMountPoint(c.RootFS) {
 		root = c.RootFS

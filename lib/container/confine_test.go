@@ -1,4 +1,4 @@
-package runtime_test
+package container_test
 
 import (
 	"archive/tar"
@@ -14,10 +14,10 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/image"
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/tree"
 )
 
 // entry is one file of a layer built by symImage.
@@ -67,7 +67,7 @@ func symImage(t *testing.T, user string, entries ...entry) string {
 
 // ownImageRuntime is a test runtime whose image store is its own, inside the test's
 // state root (lower layers must lie inside the state roots), for images the test makes.
-func ownImageRuntime(t *testing.T) *runtime.Runtime {
+func ownImageRuntime(t *testing.T) *container.Runtime {
 	t.Helper()
 	rt := testutil.NewRuntime(t)
 	dir := filepath.Join(os.Getenv("LAZYFORK_ROOT"), "images")
@@ -136,18 +136,18 @@ func TestHostileImageSymlinks(t *testing.T) {
 	ctx := context.Background()
 
 	// User "evil" exists only in the host file the image's /etc/passwd points at.
-	_, err := rt.Create(ctx, runtime.CreateOptions{Image: symImage(t, "evil", links...), Name: "evil"})
+	_, err := rt.Create(ctx, container.CreateOptions{Image: symImage(t, "evil", links...), Name: "evil"})
 	// Resolved inside the root the link leads nowhere (or loops through the image's own
 	// /tmp link): an error about the image's /etc/passwd, never the host's file.
 	if err == nil || !strings.Contains(err.Error(), "/etc/passwd") {
 		t.Fatalf("create with a symlinked /etc/passwd: err = %v, want the user looked up inside the root only", err)
 	}
 
-	c, err := rt.Create(ctx, runtime.CreateOptions{Image: symImage(t, "", links...), Name: "links"})
+	c, err := rt.Create(ctx, container.CreateOptions{Image: symImage(t, "", links...), Name: "links"})
 	if err != nil {
 		t.Fatalf("create with symlinked runtime paths: %v", err)
 	}
-	testutil.Eventually(t, 5*time.Second, "container to run", func() bool { return runtime.Alive(c) })
+	testutil.Eventually(t, 5*time.Second, "container to run", func() bool { return container.Alive(c) })
 	// Inside, the runtime's paths are real: proc is mounted, /dev has its nodes, the
 	// output log and the memory bind are where they belong.
 	out, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", c.Pid))
@@ -200,7 +200,7 @@ func mountOpts(t *testing.T, pid int) map[string]string {
 
 // devicesList is the v1 devices cgroup's list, or "" on v2 (no such file: the rules are
 // an eBPF program there, checked by deviceAccess).
-func devicesList(t *testing.T, c *tree.Container) string {
+func devicesList(t *testing.T, c *store.Container) string {
 	t.Helper()
 	if _, ok := c.Cgroup["devices"]; !ok {
 		if _, v2 := c.Cgroup["unified"]; !v2 {
@@ -218,10 +218,10 @@ func devicesList(t *testing.T, c *tree.Container) string {
 // deviceAccess is what the device rules (v1 devices cgroup or v2 eBPF program) let a
 // process exec'd in c do: mknod of a block device (7:0), of a char device off the
 // allow-list (1:1, /dev/mem) and of one on it (1:3, /dev/null).
-func deviceAccess(t *testing.T, rt *runtime.Runtime, c *tree.Container) string {
+func deviceAccess(t *testing.T, rt *container.Runtime, c *store.Container) string {
 	t.Helper()
 	script := `for n in "b 7 0" "c 1 1" "c 1 3"; do if mknod /tmp/lf-dev $n 2>/dev/null; then r=ok; else r=refused; fi; rm -f /tmp/lf-dev; printf '%s:%s ' "$n" $r; done`
-	res, err := rt.Exec(context.Background(), c, runtime.ExecOptions{Args: []string{"sh", "-c", script}, Timeout: 2 * time.Minute})
+	res, err := rt.Exec(context.Background(), c, container.ExecOptions{Args: []string{"sh", "-c", script}, Timeout: 2 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func deviceAccess(t *testing.T, rt *runtime.Runtime, c *tree.Container) string {
 func TestConfinedByDefaultPrivilegedOptOut(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	ctx := context.Background()
-	c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "confined", Command: []string{"sleep", "1000"}})
+	c, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "confined", Command: []string{"sleep", "1000"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,8 +247,8 @@ func TestConfinedByDefaultPrivilegedOptOut(t *testing.T) {
 	mo := mountOpts(t, c.Pid)
 	for mp, want := range map[string][]string{
 		"/proc/sys": {"ro"}, "/proc/keys": {"ro"}, "/proc/timer_list": {"ro"}, "/proc/sys/vm/overcommit_memory": {"ro"},
-		runtime.MemMount: {"ro", "nosuid", "nodev"},
-		"/dev":           {"nosuid"}, "/dev/shm": {"nosuid", "nodev", "noexec"},
+		container.MemMount: {"ro", "nosuid", "nodev"},
+		"/dev":             {"nosuid"}, "/dev/shm": {"nosuid", "nodev", "noexec"},
 	} {
 		opts := strings.Split(mo[mp], ",")
 		for _, w := range want {
@@ -257,8 +257,8 @@ func TestConfinedByDefaultPrivilegedOptOut(t *testing.T) {
 			}
 		}
 	}
-	if strings.Contains(mo[runtime.MemMount], "noexec") {
-		t.Errorf("%s is noexec: forks map text and JIT pages from it", runtime.MemMount)
+	if strings.Contains(mo[container.MemMount], "noexec") {
+		t.Errorf("%s is noexec: forks map text and JIT pages from it", container.MemMount)
 	}
 	if got := devicesList(t, c); got != "" && (strings.Contains(got, "a *:*") || !strings.Contains(got, "c 1:3 rwm")) {
 		t.Errorf("confined devices.list = %q, want the allow-list", got)
@@ -270,7 +270,7 @@ func TestConfinedByDefaultPrivilegedOptOut(t *testing.T) {
 		t.Errorf("record confine = %+v, want the default profile", c.Confine)
 	}
 
-	p, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Name: "privileged", Command: []string{"sleep", "1000"}, Privileged: true})
+	p, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "privileged", Command: []string{"sleep", "1000"}, Privileged: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +303,7 @@ func TestUserFromFlagAndImage(t *testing.T) {
 		{"1000:1000", "1000", "1000"},
 		{"daemon:nogroup", "1", "65534"},
 	} {
-		c, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Command: []string{"sleep", "1000"}, User: tc.user})
+		c, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Command: []string{"sleep", "1000"}, User: tc.user})
 		if err != nil {
 			t.Fatalf("--user %s: %v", tc.user, err)
 		}
@@ -318,17 +318,17 @@ func TestUserFromFlagAndImage(t *testing.T) {
 			t.Errorf("--user %s: CapEff %s Seccomp %s, want none and the filter", tc.user, st["CapEff"], st["Seccomp"])
 		}
 	}
-	_, err := rt.Create(ctx, runtime.CreateOptions{Image: testutil.DefaultImage, Command: []string{"true"}, User: "nosuchuser"})
+	_, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Command: []string{"true"}, User: "nosuchuser"})
 	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), `"nosuchuser"`) {
 		t.Fatalf("unknown user: err = %v, want a one-line error naming it", err)
 	}
-	list, _ := rt.Tree.List()
+	list, _ := rt.Containers.List()
 	if len(list) != 3 {
 		t.Errorf("%d containers recorded, want 3: the failed create must leave nothing", len(list))
 	}
 
 	own := ownImageRuntime(t)
-	c, err := own.Create(ctx, runtime.CreateOptions{Image: symImage(t, "1234:5678")})
+	c, err := own.Create(ctx, container.CreateOptions{Image: symImage(t, "1234:5678")})
 	if err != nil {
 		t.Fatal(err)
 	}

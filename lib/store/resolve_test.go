@@ -1,4 +1,4 @@
-package tree
+package store
 
 import (
 	"errors"

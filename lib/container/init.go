@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	"encoding/json"
@@ -7,7 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -74,7 +74,7 @@ func MaybeInit() {
 
 func containerInit() error {
 	// Capabilities and no_new_privs are per thread: set them on the thread that execs.
-	goruntime.LockOSThread()
+	runtime.LockOSThread()
 	unix.CloseOnExec(4)
 	cfgFile := os.NewFile(3, "config")
 	var cfg initConfig

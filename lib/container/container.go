@@ -1,7 +1,7 @@
-// Package runtime runs LazyFork containers: create (overlay root, own cgroup, new
+// Package container runs LazyFork containers: create (overlay root, own cgroup, new
 // pid/mount/uts/ipc namespaces, the user's command as pid 1), exec, freeze, thaw, delete
 // and the live view of each container. The fork pipeline reuses its pieces.
-package runtime
+package container
 
 import (
 	"context"
@@ -25,14 +25,14 @@ import (
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/procfs"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/undo"
 	"golang.org/x/sync/errgroup"
 )
 
 // Runtime bundles the stores a command needs.
 type Runtime struct {
-	Tree         *tree.Store
+	Containers   *store.Store
 	Images       *image.Store
 	CgroupParent string // "" = under the caller's own cgroup
 	// Exe is the binary re-executed as the container set-up helper (default: this one).
@@ -44,7 +44,7 @@ type Runtime struct {
 
 // Open opens the default stores under paths.Root().
 func Open() (*Runtime, error) {
-	t, err := tree.Open(paths.Containers())
+	t, err := store.Open(paths.Containers())
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +52,7 @@ func Open() (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{Tree: t, Images: im, CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT"), Network: network.FromEnv()}, nil
+	return &Runtime{Containers: t, Images: im, CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT"), Network: network.FromEnv()}, nil
 }
 
 // CreateOptions are the user's choices for a new container.
@@ -107,9 +107,9 @@ func NetMode(s string) (string, error) {
 func MemDir(id string) string { return filepath.Join(paths.Run(), "mem", id) }
 
 // Create starts a new container and records it. On failure nothing remains.
-func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Container, retErr error) {
+func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *store.Container, retErr error) {
 	if o.Name != "" {
-		if err := tree.ValidateName(o.Name); err != nil {
+		if err := store.ValidateName(o.Name); err != nil {
 			return nil, err
 		}
 	}
@@ -128,7 +128,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 	if o.Memory < 0 || o.PidsLimit < 0 {
 		return nil, fmt.Errorf("memory limit %d and pids limit %d: limits must be positive (0 means none)", o.Memory, o.PidsLimit)
 	}
-	var leader *tree.Container
+	var leader *store.Container
 	var joinNS *os.File
 	if o.Join != "" {
 		if o.Net != "" {
@@ -178,7 +178,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 		}
 	}()
 
-	c, err := r.Reserve(o.Name, func(c *tree.Container) error {
+	c, err := r.Reserve(o.Name, func(c *store.Container) error {
 		c.Image = img.Name
 		c.Command = args
 		c.Env = env
@@ -203,7 +203,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 	if err != nil {
 		return nil, err
 	}
-	cleanup.Push(func() error { return r.Tree.Remove(c.ID) })
+	cleanup.Push(func() error { return r.Containers.Remove(c.ID) })
 	cleanup.Push(func() error { return r.releaseNetwork(c) })
 
 	lower := slices.Clone(img.Layers)
@@ -248,9 +248,9 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 	}
 	c.Pid = pid
 	c.StartTime, _ = StartTime(pid)
-	c.State = tree.StateRunning
+	c.State = store.StateRunning
 	c.Owner = 0
-	if err := r.Tree.Put(c); err != nil {
+	if err := r.Containers.Put(c); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -259,7 +259,7 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *tree.Containe
 // Reserve records a new container in state "creating" under the store lock, so two
 // creates racing for one name cannot both win. The record already names every path and
 // cgroup the container will own, so a crash half-way leaves something Delete can clean.
-func (r *Runtime) Reserve(name string, fill func(*tree.Container) error) (*tree.Container, error) {
+func (r *Runtime) Reserve(name string, fill func(*store.Container) error) (*store.Container, error) {
 	cs, err := r.ReserveN(1, []string{name}, fill)
 	if err != nil {
 		return nil, err
@@ -270,26 +270,26 @@ func (r *Runtime) Reserve(name string, fill func(*tree.Container) error) (*tree.
 // ReserveN reserves n containers as Reserve does, names[i] naming the i-th ("" or missing:
 // no name), under one lock and one look at the names in use: a batch of named forks would
 // otherwise read every record in the store once per fork. It reserves all or none.
-func (r *Runtime) ReserveN(n int, names []string, fill func(*tree.Container) error) (_ []*tree.Container, retErr error) {
+func (r *Runtime) ReserveN(n int, names []string, fill func(*store.Container) error) (_ []*store.Container, retErr error) {
 	if len(names) > n {
 		return nil, fmt.Errorf("%d names for %d containers", len(names), n)
 	}
-	unlock, err := r.Tree.Lock()
+	unlock, err := r.Containers.Lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
 	taken := map[string]string{} // name -> id
 	if slices.ContainsFunc(names, func(s string) bool { return s != "" }) {
-		if taken, err = r.Tree.NamesInUse(); err != nil {
+		if taken, err = r.Containers.NamesInUse(); err != nil {
 			return nil, err
 		}
 	}
-	var out []*tree.Container
+	var out []*store.Container
 	defer func() {
 		if retErr != nil {
 			for _, c := range out {
-				_ = r.Tree.Remove(c.ID)
+				_ = r.Containers.Remove(c.ID)
 			}
 		}
 	}()
@@ -301,19 +301,19 @@ func (r *Runtime) ReserveN(n int, names []string, fill func(*tree.Container) err
 		}
 		if name != "" {
 			if id, ok := taken[name]; ok {
-				if slices.ContainsFunc(out, func(c *tree.Container) bool { return c.ID == id }) {
-					return nil, fmt.Errorf("%w: %q is given twice", tree.ErrNameInUse, name)
+				if slices.ContainsFunc(out, func(c *store.Container) bool { return c.ID == id }) {
+					return nil, fmt.Errorf("%w: %q is given twice", store.ErrNameInUse, name)
 				}
-				return nil, fmt.Errorf("%w: %q is container %s (pick another name or delete it)", tree.ErrNameInUse, name, id)
+				return nil, fmt.Errorf("%w: %q is container %s (pick another name or delete it)", store.ErrNameInUse, name, id)
 			}
 		}
-		id := r.Tree.NewID()
+		id := r.Containers.NewID()
 		for ids[id] {
-			id = r.Tree.NewID()
+			id = r.Containers.NewID()
 		}
 		ids[id] = true
-		c := &tree.Container{ID: id, Name: name, Hostname: id, Created: time.Now().UTC(), State: tree.StateCreating, Owner: os.Getpid()}
-		layer := overlay.Dir(r.Tree.Path(id), nil)
+		c := &store.Container{ID: id, Name: name, Hostname: id, Created: time.Now().UTC(), State: store.StateCreating, Owner: os.Getpid()}
+		layer := overlay.Dir(r.Containers.Path(id), nil)
 		c.Upper, c.Work, c.RootFS, c.MemDir = layer.Upper, layer.Work, layer.Target, MemDir(id)
 		cg, err := cgroup.Resolve(id, r.CgroupParent)
 		if err != nil {
@@ -332,7 +332,7 @@ func (r *Runtime) ReserveN(n int, names []string, fill func(*tree.Container) err
 	var g errgroup.Group
 	g.SetLimit(8)
 	for _, c := range out {
-		g.Go(func() error { return r.Tree.Put(c) })
+		g.Go(func() error { return r.Containers.Put(c) })
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
@@ -449,7 +449,7 @@ func StartTime(pid int) (uint64, error) {
 }
 
 // Alive reports whether the container's recorded init is still the same live process.
-func Alive(c *tree.Container) bool {
+func Alive(c *store.Container) bool {
 	if c.Pid <= 0 {
 		return false
 	}
@@ -459,12 +459,12 @@ func Alive(c *tree.Container) bool {
 
 // Limits are the cgroup limits and device list of c's processes, for its own group and
 // each fork's (CRIU does not copy limits into a group it did not create).
-func Limits(c *tree.Container) cgroup.Limits {
+func Limits(c *store.Container) cgroup.Limits {
 	return cgroup.Limits{Memory: c.Memory, Pids: c.PidsLimit, Devices: !c.ConfineProfile().Privileged}
 }
 
 // Cgroup loads the container's cgroup.
-func Cgroup(c *tree.Container) (*cgroup.Cgroup, error) {
+func Cgroup(c *store.Container) (*cgroup.Cgroup, error) {
 	// Only a group under the project's subtree: a forged record must not aim kill or
 	// freeze at a foreign cgroup.
 	return cgroup.LoadOwned(c.Cgroup)

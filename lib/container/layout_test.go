@@ -1,4 +1,4 @@
-package runtime_test
+package container_test
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"os"
 
 	"github.com/lazyfork/lazyfork/lib/network"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // AddressAllocator returns a step that gives each container reserved in one ReserveN an
@@ -17,7 +17,7 @@ func (r *Runtime) AddressAllocator(subnet netip.Prefix) func() (string, error) {
 	var a *network.Allocator
 	return func() (string, error) {
 		if a == nil {
-			all, err := r.Tree.List()
+			all, err := r.Containers.List()
 			if err != nil {
 				return "", err
 			}
@@ -38,11 +38,11 @@ func (r *Runtime) AddressAllocator(subnet netip.Prefix) func() (string, error) {
 // more, the bridge and its NAT rules. A cluster's veth and NAT rules are its leader's
 // and belong to the namespace: they go with the cluster's last record, whichever that is
 // (members outlive a deleted leader in its namespace).
-func (r *Runtime) releaseNetwork(c *tree.Container) error {
+func (r *Runtime) releaseNetwork(c *store.Container) error {
 	owner := c.ID
 	if c.Cluster != "" {
 		owner = c.Cluster
-		all, err := r.Tree.List()
+		all, err := r.Containers.List()
 		if err != nil {
 			return err
 		}
@@ -63,12 +63,12 @@ func (r *Runtime) releaseNetwork(c *tree.Container) error {
 	}
 	// Under the lock that reservations take: a create that reserves after this check
 	// makes the bridge again (it attaches only after reserving).
-	unlock, err := r.Tree.Lock()
+	unlock, err := r.Containers.Lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	all, err := r.Tree.List()
+	all, err := r.Containers.List()
 	if err != nil {
 		return err
 	}
@@ -82,14 +82,14 @@ func (r *Runtime) releaseNetwork(c *tree.Container) error {
 
 // attachment is what a container in bridge mode is given (parent: the address of the
 // container it was forked from, "" for itself).
-func attachment(c *tree.Container, parent string) network.Attachment {
+func attachment(c *store.Container, parent string) network.Attachment {
 	return network.Attachment{Bridge: c.Bridge, Addr: c.Addr, ParentAddr: parent, DefaultRoute: c.NAT}
 }
 
 // AttachNetwork prepares the network namespace of pid for c (bridge mode; nothing for the
 // others): see network.Attach. parent is the address of the container c is a fork of,
 // whose sockets c inherits ("" when c is that container itself).
-func AttachNetwork(pid int, c *tree.Container, parent string) error {
+func AttachNetwork(pid int, c *store.Container, parent string) error {
 	if c.Net != NetBridge || IsMember(c) {
 		return nil // a member's namespace is its leader's, attached with the leader
 	}
@@ -105,20 +105,20 @@ func AttachNetwork(pid int, c *tree.Container, parent string) error {
 }
 
 // IsMember says c shares its namespace with a cluster leader other than itself.
-func IsMember(c *tree.Container) bool { return c.Cluster != "" && c.Cluster != c.ID }
+func IsMember(c *store.Container) bool { return c.Cluster != "" && c.Cluster != c.ID }
 
 // joinable checks that ref can take a new cluster member (running, --net none or bridge,
 // its own namespace) and opens its network namespace. net is the new member's mode: ""
 // (or the leader's) takes the cluster's; a member has no address of its own, it shares
 // the leader's.
-func (r *Runtime) joinable(ref, net string, nat bool) (*tree.Container, *os.File, error) {
-	l, err := r.Tree.Resolve(ref)
+func (r *Runtime) joinable(ref, net string, nat bool) (*store.Container, *os.File, error) {
+	l, err := r.Containers.Resolve(ref)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--join %s: %w", ref, err)
 	}
 	if IsMember(l) {
 		// A member: the cluster is its leader's.
-		if l, err = r.Tree.Get(l.Cluster); err != nil {
+		if l, err = r.Containers.Get(l.Cluster); err != nil {
 			return nil, nil, fmt.Errorf("--join %s: its cluster's leader: %w", ref, err)
 		}
 	}
@@ -131,7 +131,7 @@ func (r *Runtime) joinable(ref, net string, nat bool) (*tree.Container, *os.File
 	if nat {
 		return nil, nil, fmt.Errorf("--join %s: --nat is the cluster's, set on its first container (%s); leave it out", ref, l.Display())
 	}
-	if st := r.State(l); st != tree.StateRunning {
+	if st := r.State(l); st != store.StateRunning {
 		return nil, nil, fmt.Errorf("--join %s: it is %s; a cluster grows around a running container", ref, st)
 	}
 	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", l.Pid))
@@ -145,7 +145,7 @@ func (r *Runtime) joinable(ref, net string, nat bool) (*tree.Container, *os.File
 	}
 	if l.Cluster == "" {
 		l.Cluster = l.ID // the leader names itself once it has members
-		if err := r.Tree.Put(l); err != nil {
+		if err := r.Containers.Put(l); err != nil {
 			f.Close()
 			return nil, nil, err
 		}
@@ -155,19 +155,19 @@ func (r *Runtime) joinable(ref, net string, nat bool) (*tree.Container, *os.File
 
 // Members returns the cluster c belongs to, leader first, in creation order (c alone when
 // it is in none).
-func (r *Runtime) Members(c *tree.Container) ([]*tree.Container, error) {
+func (r *Runtime) Members(c *store.Container) ([]*store.Container, error) {
 	if c.Cluster == "" {
-		return []*tree.Container{c}, nil
+		return []*store.Container{c}, nil
 	}
-	all, err := r.Tree.List()
+	all, err := r.Containers.List()
 	if err != nil {
 		return nil, err
 	}
-	var out []*tree.Container
+	var out []*store.Container
 	for _, o := range all {
 		if o.Cluster == c.Cluster {
 			if o.ID == c.Cluster {
-				out = append([]*tree.Container{o}, out...)
+				out = append([]*store.Container{o}, out...)
 			} else {
 				out = append(out, o)
 			}

@@ -1,4 +1,4 @@
-package runtime_test
+package container_test
 
 import (
 	"archive/tar"
@@ -16,7 +16,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/lazyfork/lazyfork/lib/runtime"
+	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 )
@@ -111,13 +111,13 @@ func TestExecIgnoresHostileImageEnv(t *testing.T) {
 
 	rt := ownImageRuntime(t)
 	ctx := context.Background()
-	c, err := rt.Create(ctx, runtime.CreateOptions{Image: dir, Name: "hostile-env"})
+	c, err := rt.Create(ctx, container.CreateOptions{Image: dir, Name: "hostile-env"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	run := func(args ...string) *runtime.ExecResult {
+	run := func(args ...string) *container.ExecResult {
 		t.Helper()
-		res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: args, Timeout: 30 * time.Second})
+		res, err := rt.Exec(ctx, c, container.ExecOptions{Args: args, Timeout: 30 * time.Second})
 		if err != nil || res.ExitCode != 0 {
 			t.Fatalf("exec %v: %v %+v", args, err, res)
 		}
@@ -131,17 +131,17 @@ func TestExecIgnoresHostileImageEnv(t *testing.T) {
 		t.Errorf("whereami = %q, want the image's script", got)
 	}
 	// The image's environment reaches the command, and the caller's extra variables too.
-	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", `echo "$PATH|$LD_PRELOAD|$X"`}, Env: []string{"X=1"}})
+	res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"sh", "-c", `echo "$PATH|$LD_PRELOAD|$X"`}, Env: []string{"X=1"}})
 	if err != nil || strings.TrimSpace(res.Stdout) != env[0][len("PATH="):]+"|"+so+"|1" {
 		t.Errorf("environment inside = %q, %v", res.Stdout, err)
 	}
 	// A missing command is an error naming the container's PATH, not a host lookup.
-	_, err = rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"no-such-command"}})
+	_, err = rt.Exec(ctx, c, container.ExecOptions{Args: []string{"no-such-command"}})
 	if err == nil || !strings.Contains(err.Error(), `command "no-such-command" not found in the container (PATH=`+host+"/bin:/bin)") {
 		t.Errorf("missing command: %v", err)
 	}
 	// A working directory the container lacks is an error too, from inside.
-	_, err = rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"true"}, Cwd: host + "/nowhere"})
+	_, err = rt.Exec(ctx, c, container.ExecOptions{Args: []string{"true"}, Cwd: host + "/nowhere"})
 	if err == nil || !strings.Contains(err.Error(), "working directory "+host+"/nowhere in the container: no such file or directory") {
 		t.Errorf("missing working directory: %v", err)
 	}
@@ -155,13 +155,13 @@ func TestExecIgnoresHostileImageEnv(t *testing.T) {
 func TestExecOutputBound(t *testing.T) {
 	rt := ownImageRuntime(t)
 	ctx := context.Background()
-	c, err := rt.Create(ctx, runtime.CreateOptions{Image: busyboxLayout(t, []string{"PATH=/bin"}), Name: "chatty"})
+	c, err := rt.Create(ctx, container.CreateOptions{Image: busyboxLayout(t, []string{"PATH=/bin"}), Name: "chatty"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero; sleep 1000", runtime.MaxExecOutput+1)}})
-	if err == nil || !errors.Is(err, runtime.ErrExecOutputLimit) {
+	res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero; sleep 1000", container.MaxExecOutput+1)}})
+	if err == nil || !errors.Is(err, container.ErrExecOutputLimit) {
 		t.Fatalf("exec over the bound: %v", err)
 	}
 	t.Log(err)
@@ -172,21 +172,21 @@ func TestExecOutputBound(t *testing.T) {
 	if time.Since(start) > timescale.Scale(20*time.Second) {
 		t.Errorf("the command was not killed at the bound (took %v)", time.Since(start))
 	}
-	if res == nil || len(res.Stdout) != runtime.MaxExecOutput {
-		t.Errorf("captured %d bytes, want the first %d", len(res.Stdout), runtime.MaxExecOutput)
+	if res == nil || len(res.Stdout) != container.MaxExecOutput {
+		t.Errorf("captured %d bytes, want the first %d", len(res.Stdout), container.MaxExecOutput)
 	}
-	res, err = rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", "head -c 5000 /dev/zero >&2"}, MaxOutput: 4096})
-	if !errors.Is(err, runtime.ErrExecOutputLimit) || !strings.Contains(err.Error(), "more than 4096 bytes to stderr") {
+	res, err = rt.Exec(ctx, c, container.ExecOptions{Args: []string{"sh", "-c", "head -c 5000 /dev/zero >&2"}, MaxOutput: 4096})
+	if !errors.Is(err, container.ErrExecOutputLimit) || !strings.Contains(err.Error(), "more than 4096 bytes to stderr") {
 		t.Errorf("stderr over a small bound: %v", err)
 	}
 	// Exactly at the bound is fine.
-	res, err = rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"head", "-c", "4096", "/dev/zero"}, MaxOutput: 4096})
+	res, err = rt.Exec(ctx, c, container.ExecOptions{Args: []string{"head", "-c", "4096", "/dev/zero"}, MaxOutput: 4096})
 	if err != nil || len(res.Stdout) != 4096 {
 		t.Errorf("exec at the bound: %v, %d bytes", err, len(res.Stdout))
 	}
 	// Streamed: no bound.
 	var n countWriter
-	res, err = rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"head", "-c", "20000", "/dev/zero"}, MaxOutput: 4096, Stdout: &n})
+	res, err = rt.Exec(ctx, c, container.ExecOptions{Args: []string{"head", "-c", "20000", "/dev/zero"}, MaxOutput: 4096, Stdout: &n})
 	if err != nil || n != 20000 {
 		t.Errorf("streamed exec: %v, %d bytes", err, n)
 	}
@@ -213,7 +213,7 @@ func TestExecConfinedAsInit(t *testing.T) {
 	show := func(p string) string {
 		return "cat " + p + "/cgroup; grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' " + p + "/status"
 	}
-	for _, o := range []runtime.CreateOptions{
+	for _, o := range []container.CreateOptions{
 		{Name: "confined"},
 		{Name: "agent", User: "agent"},
 		{Name: "privileged", Privileged: true},
@@ -224,7 +224,7 @@ func TestExecConfinedAsInit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", show("/proc/1") + "; echo ---; " + show("/proc/self") + "; echo ---; for p in /proc/[0-9]*; do echo $(cat $p/comm); done"}})
+			res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"sh", "-c", show("/proc/1") + "; echo ---; " + show("/proc/self") + "; echo ---; for p in /proc/[0-9]*; do echo $(cat $p/comm); done"}})
 			if err != nil || res.ExitCode != 0 {
 				t.Fatalf("exec: %v %+v", err, res)
 			}
@@ -266,13 +266,13 @@ func TestLogsStayInsideContainer(t *testing.T) {
 	host := t.TempDir()
 	secret := filepath.Join(host, "output.log")
 	os.WriteFile(secret, []byte("HOST-SECRET\n"), 0o600)
-	c, err := rt.Create(ctx, runtime.CreateOptions{Image: busyboxLayout(t, []string{"PATH=/bin"}), Name: "liar",
+	c, err := rt.Create(ctx, container.CreateOptions{Image: busyboxLayout(t, []string{"PATH=/bin"}), Name: "liar",
 		Command: []string{"sh", "-c", "echo hello; sleep 100000"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	read := func() (string, error) {
-		f, err := runtime.OpenLog(c)
+		f, err := container.OpenLog(c)
 		if err != nil {
 			return "", err
 		}
@@ -296,7 +296,7 @@ func TestLogsStayInsideContainer(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", tc.script}, Timeout: 10 * time.Second})
+			res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"sh", "-c", tc.script}, Timeout: 10 * time.Second})
 			if err != nil || res.ExitCode != 0 {
 				t.Fatalf("prepare: %v %+v", err, res)
 			}
@@ -318,8 +318,8 @@ func TestLogsStayInsideContainer(t *testing.T) {
 		})
 	}
 	// What the plain path read would have done: the test is not vacuous.
-	rt.Exec(ctx, c, runtime.ExecOptions{Args: []string{"sh", "-c", "rm -rf /var/log/lazyfork; mkdir /var/log/lazyfork; ln -s " + secret + " /var/log/lazyfork/output.log"}})
-	if b, _ := os.ReadFile(runtime.LogPath(c)); string(b) != "HOST-SECRET\n" {
+	rt.Exec(ctx, c, container.ExecOptions{Args: []string{"sh", "-c", "rm -rf /var/log/lazyfork; mkdir /var/log/lazyfork; ln -s " + secret + " /var/log/lazyfork/output.log"}})
+	if b, _ := os.ReadFile(container.LogPath(c)); string(b) != "HOST-SECRET\n" {
 		t.Errorf("the naive read of LogPath gave %q; the symlink case above proves nothing", b)
 	}
 }

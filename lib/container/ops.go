@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	"errors"
@@ -12,7 +12,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/overlay"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // ExecOptions describe a command run inside a running container.
@@ -38,30 +38,30 @@ type ExecResult struct {
 }
 
 // check refuses op on c unless its live state allows it (lib/guard's state machine).
-func (r *Runtime) check(op guard.Op, c *tree.Container) error {
+func (r *Runtime) check(op guard.Op, c *store.Container) error {
 	return guard.Check(op, c, r.State(c))
 }
 
 // State is the container's live state, derived from its process and cgroup rather than
 // trusted from the record.
-func (r *Runtime) State(c *tree.Container) string {
+func (r *Runtime) State(c *store.Container) string {
 	switch c.State {
-	case tree.StateStopped, tree.StateCreating:
+	case store.StateStopped, store.StateCreating:
 		return c.State
 	}
 	if !Alive(c) {
-		return tree.StateExited
+		return store.StateExited
 	}
 	if cg, err := Cgroup(c); err == nil {
 		if st, err := cg.Stats(); err == nil && st.Frozen {
-			return tree.StateFrozen
+			return store.StateFrozen
 		}
 	}
-	return tree.StateRunning
+	return store.StateRunning
 }
 
 // Freeze pauses every process of the container.
-func (r *Runtime) Freeze(c *tree.Container) error {
+func (r *Runtime) Freeze(c *store.Container) error {
 	if err := r.check(guard.OpFreeze, c); err != nil {
 		return err
 	}
@@ -76,7 +76,7 @@ func (r *Runtime) Freeze(c *tree.Container) error {
 }
 
 // Thaw resumes a frozen container.
-func (r *Runtime) Thaw(c *tree.Container) error {
+func (r *Runtime) Thaw(c *store.Container) error {
 	if err := r.check(guard.OpThaw, c); err != nil {
 		return err
 	}
@@ -92,7 +92,7 @@ func (r *Runtime) Thaw(c *tree.Container) error {
 
 // Delete ends the container's processes and removes its mounts, cgroup, upper layer,
 // memory directory and record. Children of a forked container keep running.
-func (r *Runtime) Delete(c *tree.Container) error {
+func (r *Runtime) Delete(c *store.Container) error {
 	var errs []error
 	if cg, err := Cgroup(c); err == nil {
 		if err := cg.Kill(); err != nil {
@@ -103,15 +103,15 @@ func (r *Runtime) Delete(c *tree.Container) error {
 	}
 	// The conventional paths, not the record's: a damaged record must not aim removal
 	// anywhere else.
-	if err := overlay.Teardown(overlay.Dir(r.Tree.Path(c.ID), nil)); err != nil {
+	if err := overlay.Teardown(overlay.Dir(r.Containers.Path(c.ID), nil)); err != nil {
 		errs = append(errs, err)
 	}
 	// A source moved onto its snapshot (lib/fork.Swap) mounts its root at rootfs-<snapshot>
 	// with work-<snapshot>, conventional names inside its own directory.
-	swapped, _ := filepath.Glob(filepath.Join(r.Tree.Path(c.ID), "rootfs-s*"))
+	swapped, _ := filepath.Glob(filepath.Join(r.Containers.Path(c.ID), "rootfs-s*"))
 	for _, root := range swapped {
 		work := filepath.Join(filepath.Dir(root), "work-"+strings.TrimPrefix(filepath.Base(root), "rootfs-"))
-		conv := overlay.Dir(r.Tree.Path(c.ID), nil)
+		conv := overlay.Dir(r.Containers.Path(c.ID), nil)
 		if err := overlay.Teardown(overlay.Layer{Target: root, Work: work, Upper: conv.Upper}); err != nil {
 			errs = append(errs, err)
 		}
@@ -120,7 +120,7 @@ func (r *Runtime) Delete(c *tree.Container) error {
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
-		if err := r.Tree.Remove(c.ID); err != nil {
+		if err := r.Containers.Remove(c.ID); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -135,11 +135,11 @@ func (r *Runtime) Delete(c *tree.Container) error {
 	return nil
 }
 
-// Info is one row of `lazyfork list` (tree.Info, the API's container object), built here.
-type Info = tree.Info
+// Info is one row of `lazyfork list` (store.Info, the API's container object), built here.
+type Info = store.Info
 
 // Inspect builds the live view of one container.
-func (r *Runtime) Inspect(c *tree.Container) Info {
+func (r *Runtime) Inspect(c *store.Container) Info {
 	in := Info{ID: c.ID, Name: c.Name, State: r.State(c), Parent: c.Parent, Depth: c.Depth,
 		Image: c.Image, Command: c.Command, Created: c.Created, Hook: c.Hook,
 		Net: c.Net, Bridge: c.Bridge, NAT: c.NAT, Cluster: c.Cluster}
@@ -149,7 +149,7 @@ func (r *Runtime) Inspect(c *tree.Container) Info {
 	if p, err := netip.ParsePrefix(c.Addr); err == nil {
 		in.Address = p.Addr().String()
 	}
-	if in.State == tree.StateRunning || in.State == tree.StateFrozen {
+	if in.State == store.StateRunning || in.State == store.StateFrozen {
 		in.Pid = c.Pid
 	}
 	if cg, err := Cgroup(c); err == nil {
@@ -163,7 +163,7 @@ func (r *Runtime) Inspect(c *tree.Container) Info {
 
 // List returns the live view of every container, with parent names filled in.
 func (r *Runtime) List() ([]Info, error) {
-	all, err := r.Tree.List()
+	all, err := r.Containers.List()
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +182,7 @@ func (r *Runtime) List() ([]Info, error) {
 
 // LogPath is the host path of the container's output log. The container controls what is
 // there (a symlink, a fifo): read it with OpenLog, never by this path.
-func LogPath(c *tree.Container) string {
+func LogPath(c *store.Container) string {
 	if fsutil.IsMountPoint(c.RootFS) {
 		return c.RootFS + OutputLog
 	}

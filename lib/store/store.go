@@ -1,7 +1,7 @@
-// Package tree is LazyFork's on-disk store: one directory per container (and per
+// Package store is LazyFork's on-disk store: one directory per container (and per
 // snapshot) holding small JSON files written atomically. It is the lineage record the
 // fork pipeline reads and writes; no database is involved.
-package tree
+package store
 
 import (
 	"crypto/rand"

@@ -1,4 +1,4 @@
-package runtime
+package container
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,7 +20,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/confine"
 	"github.com/lazyfork/lazyfork/lib/guard"
-	"github.com/lazyfork/lazyfork/lib/tree"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // ExecHelperArg is the hidden first argument with which the lazyfork binary re-executes
@@ -70,7 +70,7 @@ func MaybeCgexec() {
 	}
 	// Namespaces, root and capabilities are per thread: all of it, and the execve, on
 	// this one.
-	goruntime.LockOSThread()
+	runtime.LockOSThread()
 	err := execHelper()
 	errPipe := os.NewFile(execFdErr, "errpipe")
 	fmt.Fprint(errPipe, oneLineErr(err))
@@ -276,7 +276,7 @@ func envValue(env []string, key string) string {
 func startInPidNS(cmd *exec.Cmd, pidfd int) error {
 	done := make(chan error, 1)
 	go func() {
-		goruntime.LockOSThread() // no Unlock: the thread's namespace stays changed
+		runtime.LockOSThread() // no Unlock: the thread's namespace stays changed
 		if err := unix.Setns(pidfd, unix.CLONE_NEWPID); err != nil {
 			done <- fmt.Errorf("enter the container's pid namespace: %w", err)
 			return
@@ -329,7 +329,7 @@ func (b *boundedBuffer) exceeded() bool {
 // Exec runs a command in the container's namespaces, root and cgroup (see ExecHelperArg).
 // The container is targeted by a pidfd of its init, checked against the start time in
 // its record, so a pid reused by another process is never entered.
-func (r *Runtime) Exec(ctx context.Context, c *tree.Container, o ExecOptions) (_ *ExecResult, retErr error) {
+func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (_ *ExecResult, retErr error) {
 	if len(o.Args) == 0 || o.Args[0] == "" {
 		return nil, errors.New("exec: no command given: add `-- COMMAND [ARGS...]`")
 	}
