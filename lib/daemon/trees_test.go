@@ -549,7 +549,7 @@ func TestPythonTreeSDK(t *testing.T) {
 			t.Errorf("event %v without latency", e)
 		}
 	}
-	want := []string{"fork", "suspend", "resume", "protect", "unprotect", "rollback", "budget", "budget", "prune", "prune"}
+	want := []string{"fork", "suspend", "resume", "protect", "unprotect", "rollback", "protect", "budget", "evict", "budget", "prune", "prune"}
 	if !slices.Equal(kinds, want) {
 		t.Errorf("watched %v, want %v", kinds, want)
 	}

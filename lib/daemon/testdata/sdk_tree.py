@@ -45,6 +45,9 @@ r = tree.root.rollback(label="again")
 report["rollback_parent"] = r.metadata["parent"]
 report["nodes"] = [n.id for n in tree.nodes()]
 
+# A lower budget suspends the least recently active unprotected nodes (root, x, y) until
+# the tree fits; r, protected, stays live, so a fork of x cannot fit max_live 1.
+r.protect()
 tree.set_budget(max_live=1)
 try:
     x.fork()
