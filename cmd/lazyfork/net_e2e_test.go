@@ -77,19 +77,7 @@ func TestBridgeModeFromTheCLI(t *testing.T) {
 func TestClusterFromTheCLI(t *testing.T) {
 	e := newEnv(t)
 	dir := t.TempDir()
-	srv := `import socket, threading
-srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", 8080)); srv.listen(8)
-def serve(c):
-    while True:
-        d = c.recv(64)
-        if not d:
-            return
-        c.sendall(b"pong " + d)
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-`
+	srv := testutil.LoopbackServer
 	cl := `import socket, time, itertools
 while True:
     try:

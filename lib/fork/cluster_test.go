@@ -22,20 +22,6 @@ import (
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 )
 
-const loopbackServer = `import socket, threading
-srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", 8080)); srv.listen(8)
-def serve(c):
-    while True:
-        d = c.recv(64)
-        if not d:
-            return
-        c.sendall(b"pong " + d)
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-`
-
 // loopbackClient keeps one connection to the server on 127.0.0.1:8080 and prints, per
 // round trip, its own port (which connection) and the answer.
 const loopbackClient = `import socket, time, itertools
@@ -62,7 +48,7 @@ time.sleep(1000000)
 // goes on talking over the same connection, and so does the source pair.
 func TestClusterForkKeepsLoopbackConnection(t *testing.T) {
 	rt := testutil.NewRuntime(t)
-	srv := create(t, rt, "srv", "python3", "-c", loopbackServer)
+	srv := create(t, rt, "srv", "python3", "-c", testutil.LoopbackServer)
 	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", loopbackClient}})
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +102,7 @@ func TestClusterForkKeepsLoopbackConnection(t *testing.T) {
 // and --share, which would take it out of the cluster's namespace, are refused.
 func TestClusterMemberAlone(t *testing.T) {
 	rt := testutil.NewRuntime(t)
-	srv := create(t, rt, "srv", "python3", "-c", loopbackServer)
+	srv := create(t, rt, "srv", "python3", "-c", testutil.LoopbackServer)
 	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Join: srv.ID, Command: []string{"python3", "-c", loopbackClient}})
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +183,7 @@ func netnsHeld(ns string) bool {
 func TestBridgeClusterFork(t *testing.T) {
 	rt := bridgeRuntime(t, 24)
 	br := rt.Network.Bridge
-	server := strings.Replace(loopbackServer, `("127.0.0.1", 8080)`, `("0.0.0.0", 8080)`, 1)
+	server := strings.Replace(testutil.LoopbackServer, `("127.0.0.1", 8080)`, `("0.0.0.0", 8080)`, 1)
 	srv, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "srv", Net: container.NetBridge, Command: []string{"python3", "-c", server}})
 	if err != nil {
 		t.Fatal(err)

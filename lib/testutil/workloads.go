@@ -1,0 +1,18 @@
+package testutil
+
+// LoopbackServer is a Python program for a container: a TCP server on 127.0.0.1:8080
+// answering each message d with "pong d", one thread per connection (the network tests'
+// server, for clusters and forks of connected processes).
+const LoopbackServer = `import socket, threading
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 8080)); srv.listen(8)
+def serve(c):
+    while True:
+        d = c.recv(64)
+        if not d:
+            return
+        c.sendall(b"pong " + d)
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+`
