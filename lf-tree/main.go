@@ -17,6 +17,7 @@ import (
 )
 
 type cli struct {
+	stagecmd.ExplainFlag
 	Dir string `help:"Tree directory." env:"LF_TREE_DIR"`
 
 	List     listCmd     `cmd:"" help:"Print every record as JSON lines."`
@@ -67,17 +68,23 @@ type record struct {
 	Removed bool `json:"removed,omitempty"`
 }
 
+// explain is the store's account of op on recs.
+func explain(s *store.Store, op string, recs ...*store.Container) stagecmd.Explainer {
+	return stagecmd.ExplainFunc(func(w io.Writer) { s.Explain(w, op, recs) })
+}
+
 func printRecord(c *store.Container) error {
 	return stagecmd.Print(record{Kind: KindContainer, Container: c})
 }
 
 type listCmd struct{}
 
-func (listCmd) Run(s *store.Store) error {
+func (listCmd) Run(s *store.Store, x *stagecmd.ExplainFlag) error {
 	all, err := s.List()
 	if err != nil {
 		return err
 	}
+	x.Tell(explain(s, "list", all...))
 	for _, c := range all {
 		if err := printRecord(c); err != nil {
 			return err
@@ -90,11 +97,12 @@ type getCmd struct {
 	Ref string `arg:""`
 }
 
-func (c getCmd) Run(s *store.Store) error {
+func (c getCmd) Run(s *store.Store, x *stagecmd.ExplainFlag) error {
 	ct, err := s.Resolve(c.Ref)
 	if err != nil {
 		return err
 	}
+	x.Tell(explain(s, "get", ct))
 	return printRecord(ct)
 }
 
@@ -102,7 +110,7 @@ type putCmd struct {
 	Record string `arg:"" optional:"" help:"File holding the record (lf-tree get's output); - or nothing: stdin."`
 }
 
-func (p putCmd) Run(s *store.Store) error {
+func (p putCmd) Run(s *store.Store, x *stagecmd.ExplainFlag) error {
 	in, err := stagecmd.Input(p.Record)
 	if err != nil {
 		return err
@@ -129,6 +137,7 @@ func (p putCmd) Run(s *store.Store) error {
 	if err := s.Put(&c); err != nil {
 		return err
 	}
+	x.Tell(explain(s, "put", &c))
 	return printRecord(&c)
 }
 
@@ -136,7 +145,7 @@ type rmCmd struct {
 	Ref string `arg:""`
 }
 
-func (c rmCmd) Run(s *store.Store) error {
+func (c rmCmd) Run(s *store.Store, x *stagecmd.ExplainFlag) error {
 	ct, err := s.Resolve(c.Ref)
 	if err != nil {
 		return err
@@ -144,6 +153,7 @@ func (c rmCmd) Run(s *store.Store) error {
 	if err := s.Remove(ct.ID); err != nil {
 		return err
 	}
+	x.Tell(explain(s, "rm", ct))
 	return stagecmd.Print(record{Kind: KindContainer, Container: ct, Removed: true})
 }
 
@@ -151,7 +161,7 @@ type childrenCmd struct {
 	Ref string `arg:""`
 }
 
-func (c childrenCmd) Run(s *store.Store) error {
+func (c childrenCmd) Run(s *store.Store, x *stagecmd.ExplainFlag) error {
 	ct, err := s.Resolve(c.Ref)
 	if err != nil {
 		return err
@@ -160,6 +170,7 @@ func (c childrenCmd) Run(s *store.Store) error {
 	if err != nil {
 		return err
 	}
+	x.Tell(explain(s, "children", kids...))
 	for _, k := range kids {
 		if err := printRecord(k); err != nil {
 			return err
@@ -187,6 +198,6 @@ func main() {
 		if err != nil {
 			return err
 		}
-		return kctx.Run(s)
+		return kctx.Run(s, &c.ExplainFlag)
 	})
 }

@@ -119,6 +119,24 @@ func TestStageExplain(t *testing.T) {
 
 	e.counting("c1", 1)
 
+	t.Run("lf-tree", func(t *testing.T) {
+		plain, explained, stderr := both(t, "lf-tree get %s c1")
+		rec := sameDocs(t, "lf-tree get", plain, explained, true)[0]
+		account(t, "lf-tree get", stderr, "read: ", fmt.Sprintf("%s/container.json", rec["id"]))
+		plain, explained, stderr = both(t, "lf-tree list %s")
+		sameDocs(t, "lf-tree list", plain, explained, true)
+		account(t, "lf-tree list", stderr, "read 1 record")
+		rf := save("c1.json", plain)
+		plain, explained, stderr = both(t, "lf-tree children %s c1")
+		if plain != "" || explained != "" {
+			t.Errorf("lf-tree children of c1 before any fork: %q, with --explain %q", plain, explained)
+		}
+		account(t, "lf-tree children", stderr, "read 0 record(s)")
+		plain, explained, stderr = both(t, "lf-tree put %s "+rf)
+		sameDocs(t, "lf-tree put", plain, explained, true)
+		account(t, "lf-tree put", stderr, "wrote it atomically", fmt.Sprintf("%s/container.json: c1, state running", rec["id"]))
+	})
+
 	// Two dumps of c1, one explained: the same fields, an account with the dump's numbers.
 	d1 := e.must("lf-dump c1")
 	d2, stderr, code := e.sh("lf-dump --explain c1")
@@ -192,6 +210,18 @@ func TestStageExplain(t *testing.T) {
 	account(t, "lf-restore", stderr, fmt.Sprintf("read: snapshot %s (state memfiled)", memfiled["id"]),
 		fmt.Sprintf("restored 1 fork(s) with CRIU; each maps the memory files of family %s", memfiled["family"]),
 		fmt.Sprintf("fork %s: pid %.0f, hostname %s", fork["id"], fork["pid"], fork["hostname"]))
+
+	// lf-tree rm of the stopped fork's record: the record goes, nothing else.
+	e.must(fmt.Sprintf("lazyfork stop %s", fork["id"]))
+	rm, stderr, code := e.sh(fmt.Sprintf("lf-tree rm --explain %s", fork["id"]))
+	if code != 0 {
+		t.Fatalf("lf-tree rm --explain: exit %d: %s", code, stderr)
+	}
+	if d := docs(t, "lf-tree rm", rm); d[0]["removed"] != true || d[0]["id"] != fork["id"] {
+		t.Errorf("lf-tree rm --explain printed %v", d[0])
+	}
+	account(t, "lf-tree rm", stderr, "removed the record's directory", fmt.Sprintf("%s/container.json: %s, state stopped", fork["id"], fork["id"]))
+	e.must("lazyfork gc")
 
 	t.Run("lf-overlay", func(t *testing.T) {
 		low := filepath.Join(work, "low")
