@@ -207,6 +207,14 @@ func TestTreeOperations(t *testing.T) {
 	if h, k := query(t, rt, tr.Root); h != h0 || k != n0+1 {
 		t.Fatalf("root after refresh: hash %s count %d, want %s %d", h, k, h0, n0+1)
 	}
+	// The refreshed root maps both generations' files (the new one holds only what
+	// changed): the budget counts both, which is every byte the tree holds on tmpfs.
+	if tr, err = m.Get(ctx, tr.ID); err != nil {
+		t.Fatal(err)
+	}
+	if sh := nodeOf(t, tr, tr.Root).SharedRAMBytes; sh != tr.Usage.TmpfsBytes {
+		t.Fatalf("root's shared RAM after a refresh is %d, the tree's memory files hold %d on tmpfs", sh, tr.Usage.TmpfsBytes)
+	}
 
 	// A batch of two forks of the root.
 	forks, tr, err := m.Fork(ctx, tr.ID, tr.Root, snaptree.ForkOptions{N: 2, Labels: []string{"a", "b"}})

@@ -25,9 +25,6 @@ func refresh(t *Tree, rt *container.Runtime) {
 		c, err := rt.Containers.Get(n.ID)
 		if n.State == StateSuspended {
 			// RAMBytes stays what it was at suspend: a resume is planned with it.
-			if err == nil && n.HasKeyframe {
-				n.SharedRAMBytes = keyframeTmpfsBytes(c.Family, n.Keyframe)
-			}
 			continue
 		}
 		if err != nil || rt.State(c) == store.StateExited || c.State == store.StateStopped {
@@ -35,9 +32,6 @@ func refresh(t *Tree, rt *container.Runtime) {
 			continue
 		}
 		n.State = StateLive
-		if n.HasKeyframe {
-			n.SharedRAMBytes = keyframeTmpfsBytes(c.Family, n.Keyframe)
-		}
 		if cg, err := container.Cgroup(c); err == nil {
 			if st, err := cg.Stats(); err == nil {
 				n.RAMBytes = int64(st.MemoryBytes)
@@ -51,6 +45,7 @@ func refresh(t *Tree, rt *container.Runtime) {
 			}
 		}
 	}
+	sharedRAM(t, rt)
 	// Disk: each node's packed dirs plus an equal share of every packed file it needs.
 	refs := map[string]int{}
 	for _, n := range t.Nodes {
@@ -164,6 +159,53 @@ func cpuTicks(cg *cgroup.Cgroup) (uint64, bool) {
 		sum += st.UTime + st.STime
 	}
 	return sum, true
+}
+
+// sharedRAM sets every keyframe node's SharedRAMBytes: what the memory files its keyframe
+// needs (memfile.ReferencedFiles: its own, and those of earlier generations and ancestors
+// it maps for the pages it did not change) hold on tmpfs, each file counted once in the
+// tree, for the oldest node that needs it (the root first). A refreshed node keeps mapping
+// its earlier generations' files; counting only the files named after its current keyframe
+// would leave them out of the budget. A keyframe not on tmpfs (packed) counts the files
+// named after it.
+func sharedRAM(t *Tree, rt *container.Runtime) {
+	claimed := map[string]bool{}
+	sizes := map[string]map[string]int64{} // family -> file -> tmpfs bytes
+	for _, n := range t.NodeList() {
+		n.SharedRAMBytes = 0
+		if !n.HasKeyframe {
+			continue
+		}
+		c, err := rt.Containers.Get(n.ID)
+		if err != nil || c.Family == "" {
+			continue
+		}
+		if sizes[c.Family] == nil {
+			sizes[c.Family] = map[string]int64{}
+			files, _ := memfile.FamilyFiles(filepath.Join(paths.Families(), c.Family))
+			for _, f := range files {
+				sizes[c.Family][f.Name] = f.Bytes
+			}
+		}
+		var refs []string
+		if s, err := fork.LoadSnapshot(n.Keyframe); err == nil {
+			refs, _ = memfile.ReferencedFiles(s.CheckpointDir)
+		}
+		if refs == nil {
+			for name := range sizes[c.Family] {
+				if strings.HasPrefix(name, n.Keyframe+"-") {
+					refs = append(refs, name)
+				}
+			}
+		}
+		for _, name := range refs {
+			k := c.Family + "/" + name
+			if !claimed[k] {
+				claimed[k] = true
+				n.SharedRAMBytes += sizes[c.Family][name]
+			}
+		}
+	}
 }
 
 // keyframeTmpfsBytes is what the memory files written for keyframe (named after it) hold
