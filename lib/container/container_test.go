@@ -16,11 +16,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
-func TestMain(m *testing.M) {
-	container.MaybeInit()
-	container.MaybeCgexec()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 const defaultImage = testutil.DefaultImage
 

@@ -24,13 +24,10 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/container"
-	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/daemon"
-	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
-	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 )
 
 func TestMain(m *testing.M) {
@@ -49,13 +46,7 @@ func TestMain(m *testing.M) {
 		// Child of the peer tests, run as another user: what does the daemon answer?
 		os.Exit(probeHTTP(sock))
 	}
-	criu.MaybeKdatHelper()
-	container.MaybeInit()
-	container.MaybeCgexec()
-	// The daemon runs in this process: CRIU's deadlines scale under emulation (make
-	// test-v2), as in lib/fork's tests.
-	fork.DumpTimeout, fork.RestoreTimeout = timescale.Scale(fork.DumpTimeout), timescale.Scale(fork.RestoreTimeout)
-	fork.SwapRestoreTimeout = timescale.Scale(fork.SwapRestoreTimeout)
+	testutil.Setup()
 	os.Exit(m.Run())
 }
 

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/container"
-	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
@@ -21,16 +20,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 )
 
-func TestMain(m *testing.M) {
-	criu.MaybeKdatHelper()
-	container.MaybeInit()
-	container.MaybeCgexec()
-	// CRIU's deadlines bound hangs; under emulation (make test-v2) a 256 MB restore alone
-	// can take a minute.
-	fork.DumpTimeout, fork.RestoreTimeout = timescale.Scale(fork.DumpTimeout), timescale.Scale(fork.RestoreTimeout)
-	fork.SwapRestoreTimeout = timescale.Scale(fork.SwapRestoreTimeout)
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 var ctx = context.Background()
 

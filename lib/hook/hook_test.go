@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/container"
-	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/paths"
@@ -23,12 +22,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
-func TestMain(m *testing.M) {
-	criu.MaybeKdatHelper()
-	container.MaybeInit()
-	container.MaybeCgexec()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 var ctx = context.Background()
 

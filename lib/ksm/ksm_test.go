@@ -10,19 +10,13 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/container"
-	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/ksm"
 	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
-func TestMain(m *testing.M) {
-	criu.MaybeKdatHelper()
-	container.MaybeInit()
-	container.MaybeCgexec()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 var ctx = context.Background()
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/container"
-	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/hook"
@@ -25,12 +24,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 )
 
-func TestMain(m *testing.M) {
-	criu.MaybeKdatHelper()
-	container.MaybeInit()
-	container.MaybeCgexec()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 var ctx = context.Background()
 
