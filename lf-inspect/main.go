@@ -1,11 +1,11 @@
-// Command lf-inspect explains a checkpoint: every VMA of a real CRIU image with the
+// Command lf-inspect explains a checkpoint (a CRIU image directory): every VMA with the
 // memory-file rewrite's decision for it and why, the page accounting, and the memory
 // files (made, or that lf-memfile would make). It changes nothing.
 //
 //	lf-dump c1 | lf-inspect            # what lf-memfile is about to do
 //	lf-dump c1 | lf-memfile | lf-inspect
 //	lf-inspect s0123456789ab           # a snapshot by id or directory
-//	lf-inspect /path/to/criu/images    # any CRIU image directory
+//	lf-inspect /path/to/criu/images    # any checkpoint (a CRIU image directory)
 package main
 
 import (
@@ -24,8 +24,8 @@ import (
 
 type cli struct {
 	stagecmd.ExplainFlag
-	Checkpoint string `arg:"" optional:"" help:"Snapshot id or directory, or a CRIU image directory; - or nothing: snapshot JSON on stdin."`
-	FamilyDir  string `help:"Where the memory files the image maps live (default: the snapshot's family, or <images>.mem beside a raw image)."`
+	Checkpoint string `arg:"" optional:"" help:"Snapshot id or directory, or a checkpoint (any CRIU image directory); - or nothing: snapshot JSON on stdin."`
+	FamilyDir  string `help:"Where the memory files the checkpoint maps live (default: the snapshot's family, or <checkpoint>.mem beside a raw checkpoint)."`
 	JSON       bool   `help:"Print the report as JSON instead of tables."`
 	AllVMAs    bool   `name:"all" help:"List every VMA (default: those with pages, and every decision other than keep)."`
 }
@@ -77,7 +77,7 @@ func resolve(c cli) (checkpoint, family string, err error) {
 		}
 		defer in.Close()
 		if s, err = stage.ReadSnapshot(io.LimitReader(in, stagecmd.MaxDocument)); err != nil {
-			return "", "", fmt.Errorf("read snapshot JSON: %w (or name a snapshot or a CRIU image directory)", err)
+			return "", "", fmt.Errorf("read snapshot JSON: %w (or name a snapshot or a checkpoint directory)", err)
 		}
 	case exists(filepath.Join(arg, "inventory.img")) && !exists(filepath.Join(filepath.Dir(arg), "snapshot.json")):
 		checkpoint = arg
@@ -91,11 +91,11 @@ func resolve(c cli) (checkpoint, family string, err error) {
 		if stage.ValidSnapshotID(arg) {
 			dir = filepath.Join(paths.Snapshots(), arg)
 		} else if exists(filepath.Join(filepath.Dir(arg), "snapshot.json")) {
-			dir = filepath.Dir(arg) // the snapshot's images dir was named
+			dir = filepath.Dir(arg) // the snapshot's checkpoint dir was named
 		}
 		f, err := os.Open(filepath.Join(dir, "snapshot.json"))
 		if err != nil {
-			return "", "", fmt.Errorf("%s is neither a snapshot nor a CRIU image directory: %w", arg, err)
+			return "", "", fmt.Errorf("%s is neither a snapshot nor a checkpoint (CRIU image directory): %w", arg, err)
 		}
 		defer f.Close()
 		if s, err = stage.ReadSnapshot(io.LimitReader(f, 1<<20)); err != nil {
@@ -143,10 +143,10 @@ func printTables(w io.Writer, rep *memfile.Report, family string, onDisk []memfi
 		fmt.Fprintf(w, "(%d VMAs with no dumped pages and nothing to do are not shown; --all shows them)\n", hidden)
 	}
 	p := rep.Pages
-	fmt.Fprintf(w, "\npages: %d pagemap entries; %d pages with data in the image: %d go to memory files, %d stay in the image; %d pagemap pages have no data here\n",
+	fmt.Fprintf(w, "\npages: %d pagemap entries; %d pages with data in the checkpoint: %d go to memory files, %d stay in the checkpoint; %d pagemap pages have no data here\n",
 		p.PagemapEntries, p.InCheckpoint, p.ToMemoryFiles, p.StayInCheckpoint, p.NotInCheckpoint)
 	if p.SharedFamily > 0 || p.Delta > 0 {
-		fmt.Fprintf(w, "family: the image's VMAs map %d pages of family memory files and add %d delta pages of their own\n", p.SharedFamily, p.Delta)
+		fmt.Fprintf(w, "family: the checkpoint's VMAs map %d pages of family memory files and add %d delta pages of their own\n", p.SharedFamily, p.Delta)
 	}
 	if len(rep.Files) > 0 {
 		fmt.Fprintln(w, "\nmemory files this checkpoint maps or a rewrite would write:")

@@ -1,4 +1,4 @@
-// Command lf-memfile rewrites a dumped snapshot's CRIU image so its memory lives in the
+// Command lf-memfile rewrites a dumped snapshot's checkpoint so its memory lives in the
 // family's memory files on tmpfs (sparse files every fork maps MAP_PRIVATE). It reads the
 // snapshot JSON of lf-dump on stdin (or a snapshot directory/id as argument) and prints
 // the snapshot JSON again, now in state "memfiled".
@@ -17,11 +17,11 @@ import (
 
 type cli struct {
 	stagecmd.ExplainFlag
-	Snapshot      string `arg:"" optional:"" help:"Snapshot directory or id, or a raw CRIU image directory; - or nothing: snapshot JSON on stdin."`
-	FamilyDir     string `help:"Raw CRIU image mode: tmpfs directory for the memory files (default: <images>.mem beside it)."`
-	MountPath     string `help:"Raw CRIU image mode: path at which the restored task sees the memory files (default: the family dir itself)."`
-	Force         bool   `help:"Rewrite even if the image maps jemalloc, mimalloc or tcmalloc."`
-	NoFilePrivate bool   `help:"Leave copied-on-write library pages in the image (per-fork floor ~2 MB)."`
+	Snapshot      string `arg:"" optional:"" help:"Snapshot directory or id, or a raw checkpoint (any CRIU image directory); - or nothing: snapshot JSON on stdin."`
+	FamilyDir     string `help:"Raw checkpoint mode: tmpfs directory for the memory files (default: <checkpoint>.mem beside it)."`
+	MountPath     string `help:"Raw checkpoint mode: path at which the restored task sees the memory files (default: the family dir itself)."`
+	Force         bool   `help:"Rewrite even if the checkpoint maps jemalloc, mimalloc or tcmalloc."`
+	NoFilePrivate bool   `help:"Leave copied-on-write library pages in the checkpoint (per-fork floor ~2 MB)."`
 	HugePages     bool   `help:"Make dense 2 MiB stretches of anonymous memory huge pages: forks map them without page tables (~0.4 MB less per working fork of a 256 MiB heap); the rewrite takes longer."`
 	KSM           bool   `name:"ksm" help:"Mark the memory files' mappings MADV_MERGEABLE so ksmd may merge the forks' identical pages (same tenant only: see docs/security.md)."`
 	Rebase        *bool  `help:"Force (or with --no-rebase forbid) writing fresh memory files for a fork's delta." negatable:""`
@@ -30,8 +30,8 @@ type cli struct {
 
 func main() {
 	var c cli
-	stagecmd.Parse(&c, "lf-memfile", "Move a CRIU image's memory into tmpfs memory files; prints snapshot JSON.",
-		"lf-dump c1 | lf-memfile --explain | lf-restore -n 10\nlf-dump c1 | lf-memfile --dry-run | jq '.vmas[] | select(.decision != \"keep\")'\nlf-memfile /path/to/criu/images      # raw mode: any CRIU image, rewritten in place")
+	stagecmd.Parse(&c, "lf-memfile", "Move a checkpoint's memory into tmpfs memory files; prints snapshot JSON.",
+		"lf-dump c1 | lf-memfile --explain | lf-restore -n 10\nlf-dump c1 | lf-memfile --dry-run | jq '.vmas[] | select(.decision != \"keep\")'\nlf-memfile /path/to/criu/images      # raw mode: any checkpoint, rewritten in place")
 	stagecmd.Run("lf-memfile", func(ctx context.Context) error { return run(ctx, c) })
 }
 
@@ -60,7 +60,7 @@ func run(ctx context.Context, c cli) error {
 		return err
 	}
 	m := s.Memfile
-	fmt.Fprintf(os.Stderr, "memfiled %s: %d files, %d pages moved (%.1f MB in %.0f ms, %.0f MB/s), %d pages left in the image\n",
+	fmt.Fprintf(os.Stderr, "memfiled %s: %d files, %d pages moved (%.1f MB in %.0f ms, %.0f MB/s), %d pages left in the checkpoint\n",
 		s.ID, m.Files, m.PagesMoved, float64(m.BytesWritten)/1e6, m.Ms, m.MBPerSec, m.PagesKept)
 	c.Tell(s)
 	return stagecmd.Print(s)
@@ -94,7 +94,7 @@ func isRawCheckpoint(dir string) bool {
 	return errImg == nil && errSnap != nil && errParent != nil
 }
 
-// rewriteRaw runs the rewrite alone on any CRIU image, for debugging and teaching: the
+// rewriteRaw runs the rewrite alone on any checkpoint, for debugging and teaching: the
 // image is rewritten in place and the memory files land in the family directory.
 func rewriteRaw(ctx context.Context, c cli) error {
 	dir, _ := filepath.Abs(c.Snapshot)
@@ -119,7 +119,7 @@ func rewriteRaw(ctx context.Context, c cli) error {
 		_ = os.Remove(fam) // only if still empty
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "rewrote %s: %d files in %s, %d pages moved, %d left in the image\n", dir, len(res.Files), fam, res.PagesMoved, res.PagesKept)
+	fmt.Fprintf(os.Stderr, "rewrote %s: %d files in %s, %d pages moved, %d left in the checkpoint\n", dir, len(res.Files), fam, res.PagesMoved, res.PagesKept)
 	c.Tell(res)
 	return stagecmd.Print(struct {
 		stagecmd.Header

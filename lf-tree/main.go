@@ -18,7 +18,7 @@ import (
 
 type cli struct {
 	stagecmd.ExplainFlag
-	Dir string `help:"Tree directory." env:"LF_TREE_DIR"`
+	Dir string `help:"Container store directory (default: $LAZYFORK_ROOT/containers)." env:"LF_STORE_DIR,LF_TREE_DIR"`
 
 	List     listCmd     `cmd:"" help:"Print every record as JSON lines."`
 	Get      getCmd      `cmd:"" help:"Print one record (name, id or unique id prefix)."`
@@ -181,7 +181,7 @@ func (c childrenCmd) Run(s *store.Store, x *stagecmd.ExplainFlag) error {
 
 func main() {
 	var c cli
-	kctx := stagecmd.Parse(&c, "lf-tree", "Read and write LazyFork's container records (JSON lines on stdout).",
+	kctx := stagecmd.Parse(&c, "lf-tree", "Read and write LazyFork's container store (its records) and snapshot tree documents (JSON lines on stdout).",
 		"lf-tree get c1 | lf-dump -\nlf-tree children c1 | jq -r .id\nlf-tree tree t1 | jq '.nodes[] | select(.state == \"suspended\") | .id'")
 	stagecmd.Run("lf-tree", func(ctx context.Context) error {
 		dir := c.Dir

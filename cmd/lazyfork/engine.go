@@ -13,7 +13,7 @@ import (
 
 // engine is what the container commands run on: the daemon when one answers on the
 // socket and serves the same state directories, otherwise the very same operations in
-// this process (lib/daemon.Service over lib/runtime and lib/fork).
+// this process (lib/daemon.Service over lib/container and lib/fork).
 type engine interface {
 	Create(ctx context.Context, req client.CreateRequest, progress io.Writer) (*client.Info, error)
 	Fork(ctx context.Context, ref string, req client.ForkRequest, onFork func(client.Fork)) (*client.ForkResult, error)

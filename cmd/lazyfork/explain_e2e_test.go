@@ -170,7 +170,7 @@ func TestStageExplain(t *testing.T) {
 	})
 
 	t.Run("lf-memfile --dry-run raw", func(t *testing.T) {
-		raw := filepath.Join(e.run, "raw") // a plain CRIU image: rewritten in place without --dry-run
+		raw := filepath.Join(e.run, "raw") // a plain checkpoint: rewritten in place without --dry-run
 		e.must(fmt.Sprintf("cp -a %s %s", dumped["images_dir"], raw))
 		before := files(t, root, e.run)
 		plain, explained, stderr := both(t, "lf-memfile --dry-run %s "+raw)
@@ -186,7 +186,7 @@ func TestStageExplain(t *testing.T) {
 
 	inspPlain, inspExplained, stderr := both(t, "lf-inspect --json %s "+f1)
 	sameDocs(t, "lf-inspect", inspPlain, inspExplained, true)
-	account(t, "lf-inspect", stderr, "VMAs", "pages with data in the image")
+	account(t, "lf-inspect", stderr, "VMAs", "pages with data in the checkpoint")
 
 	m1 := e.must("lf-memfile < " + f1)
 	m2, stderr, code := e.sh("lf-memfile --explain < " + f2)
@@ -198,7 +198,7 @@ func TestStageExplain(t *testing.T) {
 	account(t, "lf-memfile", stderr, "=> ", // the plan, then what was done
 		fmt.Sprintf("moved %.0f pages of %.0f anonymous VMAs and %.0f copied-on-write file VMAs", mf["pages_moved"], mf["vmas_converted"], mf["file_vmas_converted"]),
 		fmt.Sprintf("%.0f memory files in %s", mf["files"], memfiled["family_dir"]),
-		fmt.Sprintf("%.0f pages stay in the image", mf["pages_kept"]), "MAP_PRIVATE")
+		fmt.Sprintf("%.0f pages stay in the checkpoint", mf["pages_kept"]), "MAP_PRIVATE")
 	g1, g2 := save("m1.json", m1), save("m2.json", m2)
 
 	r1 := e.must("lf-restore -n 1 " + g1)

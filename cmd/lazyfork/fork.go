@@ -198,7 +198,7 @@ func (c *statsCmd) Run(ctx context.Context, g *Globals) error {
 		}
 	}
 	if st.Snapshot != nil && st.Snapshot.Memfile != nil {
-		fmt.Printf("snapshot          %s: %d pages in image, %d in memory files, %d files\n", st.Snapshot.ID,
+		fmt.Printf("snapshot          %s: %d pages in checkpoint, %d in memory files, %d files\n", st.Snapshot.ID,
 			st.Snapshot.Memfile.PagesKept, st.Snapshot.Memfile.PagesMoved, st.Snapshot.Memfile.Files)
 	}
 	return nil

@@ -90,7 +90,7 @@ func TestInspectExplainsACheckpoint(t *testing.T) {
 		t.Errorf("no anonymous memory file listed: %+v", r.Files)
 	}
 	// Bad input: one line, non-zero.
-	if _, stderr, code := e.sh("lf-inspect /etc"); code == 0 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.Contains(stderr, "neither a snapshot nor a CRIU image directory") {
+	if _, stderr, code := e.sh("lf-inspect /etc"); code == 0 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.Contains(stderr, "neither a snapshot nor a checkpoint") {
 		t.Errorf("lf-inspect /etc: exit %d stderr=%q", code, stderr)
 	}
 }

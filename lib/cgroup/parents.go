@@ -11,7 +11,7 @@ import (
 // parentPathsPrefix marks a parent given per hierarchy (see ParentFor).
 const parentPathsPrefix = "paths:"
 
-// ParentFor is the parent string (for Create, Resolve, runtime.Runtime.CgroupParent) that
+// ParentFor is the parent string (for Create, Resolve, container.Runtime.CgroupParent) that
 // puts groups inside g, at <g's path>/lazyfork/<name> in each of g's hierarchies. A plain
 // absolute parent is one path for every hierarchy; a group made under the caller's own
 // cgroups sits at different paths in each (memory under the agent's group, pids at the

@@ -9,7 +9,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/store"
 )
 
-// Info is the live view of one container: a row of `lazyfork list` (lib/tree builds no
+// Info is the live view of one container: a row of `lazyfork list` (lib/store builds no
 // views; the runtime fills it, the daemon sends it).
 type Info = store.Info
 

@@ -63,7 +63,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	defer cancel()
 	workDir := orDefault(o.WorkDir, o.CheckpointDir)
 	if o.CheckpointDir == "" {
-		return nil, errors.New("dump: no images dir")
+		return nil, errors.New("dump: no checkpoint dir")
 	}
 	for _, d := range []string{o.CheckpointDir, workDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -142,7 +142,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	ctx, cancel := withDeadline(ctx, o.Timeout)
 	defer cancel()
 	if o.CheckpointDir == "" || o.WorkDir == "" {
-		return nil, errors.New("restore: images dir and work dir are required")
+		return nil, errors.New("restore: checkpoint dir and work dir are required")
 	}
 	if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
 		return nil, fmt.Errorf("restore: create %s: %w", o.WorkDir, err)

@@ -302,7 +302,7 @@ func TestDumpRestoreBare(t *testing.T) {
 		t.Errorf("dump result incomplete: %+v", d)
 	}
 	if _, err := os.Stat(filepath.Join(img, "dump.log")); err == nil {
-		t.Error("dump log written into the image dir despite WorkDir")
+		t.Error("dump log written into the checkpoint dir despite WorkDir")
 	}
 	assertNoBreakpoints(t, d.LogPath)
 
@@ -330,7 +330,7 @@ func TestDumpRestoreBare(t *testing.T) {
 		}
 	}
 	if after := listDir(t, img); !slices.Equal(before, after) {
-		t.Errorf("restore changed the image dir:\n%v\n%v", before, after)
+		t.Errorf("restore changed the checkpoint dir:\n%v\n%v", before, after)
 	}
 	for _, r := range restored {
 		c := waitCount(t, filepath.Join(filepath.Dir(origLog), strconv.Itoa(r.Pid)+".log"), 3)

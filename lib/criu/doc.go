@@ -27,7 +27,7 @@
 //   - criu always gets CRIU_FAULT=130 in its environment: hardware breakpoints do not work in
 //     some VMs and criu then hangs; the variable is harmless elsewhere.
 //   - Image and work directories are passed as fds. The log and the stats file are written to
-//     the work dir, so a restore with its own work dir leaves the image dir untouched and many
+//     the work dir, so a restore with its own work dir leaves the checkpoint dir untouched and many
 //     restores of one image can run at once.
 //   - A call without a deadline in ctx and without Timeout gets DefaultTimeout.
 //

@@ -168,7 +168,7 @@ func sharesMountNS(pid int) bool {
 	return a.Dev == b.Dev && a.Ino == b.Ino
 }
 
-// checkpointHasMountNS reports whether the image holds a mount namespace (criu writes
+// checkpointHasMountNS reports whether the checkpoint holds a mount namespace (criu writes
 // mountpoints-<id>.img only then). Without one the restored tree would live in criu's own
 // mount namespace, which must then be the caller's.
 func checkpointHasMountNS(checkpointDir string) bool {

@@ -16,7 +16,7 @@ import (
 const DefaultTimeout = 60 * time.Second
 
 // DefaultGhostLimit is the largest open file whose every name was removed (a temporary file,
-// tempfile.TemporaryFile) that a dump carries in the image; CRIU's own default is 1 MiB.
+// tempfile.TemporaryFile) that a dump carries in the checkpoint; CRIU's own default is 1 MiB.
 const DefaultGhostLimit = 64 << 20
 
 // DefaultLogLevel is CRIU's debug level (-v4): the log then gives context around errors and
@@ -101,7 +101,7 @@ type DumpOptions struct {
 	WorkDir       string // log and stats-dump go here; "" means CheckpointDir
 	LeaveRunning  bool
 	FreezeCgroup  string // freezer cgroup directory to freeze the tree with, "" to use ptrace
-	// ExternalMounts declares mounts that are not part of the image: path inside the
+	// ExternalMounts declares mounts that are not part of the checkpoint: path inside the
 	// tree's mount namespace -> key (e.g. "/.lazyfork/mem" -> "lfmem").
 	ExternalMounts map[string]string
 	CgroupMode     CgroupMode
@@ -117,7 +117,7 @@ type DumpOptions struct {
 	// the tree is frozen. Only for trees every restore gives a fresh namespace
 	// (RestoreOptions.EmptyNetNS); sockets are dumped as ever.
 	EmptyNetNS bool
-	GhostLimit uint32 // largest deleted-but-open file to carry in the image; 0: DefaultGhostLimit
+	GhostLimit uint32 // largest deleted-but-open file to carry in the checkpoint; 0: DefaultGhostLimit
 	LogFile    string // name in WorkDir; "" means "dump.log"
 	LogLevel   int    // 0 means DefaultLogLevel
 	Timeout    time.Duration
@@ -140,7 +140,7 @@ type RestoreOptions struct {
 	// CgroupRoots places the tree's cgroups: "ctrl:/path" for one controller (e.g.
 	// "memory:/lazyfork/f1") or "/path" for all of them.
 	CgroupRoots []string
-	// CgroupYard is a directory where every controller in the image is mounted as
+	// CgroupYard is a directory where every controller in the checkpoint is mounted as
 	// <yard>/<ctrl> ("unified" for cgroup2). "" picks /sys/fs/cgroup when that is a v1 or
 	// hybrid layout; otherwise CRIU mounts its own yard in the work dir (which a SIGKILLed
 	// criu can leave mounted: Restore unmounts such leftovers).
@@ -242,7 +242,7 @@ func (o *RestoreOptions) criuOpts(checkpointFd, workFd int, yard string) (*rpc.C
 		RstSibling:     proto.Bool(true),
 		ShellJob:       proto.Bool(false),
 		TcpEstablished: proto.Bool(o.TCPEstablished),
-		// Harmless when the image holds no lock; needed when it does.
+		// Harmless when the checkpoint holds no lock; needed when it does.
 		FileLocks:         proto.Bool(true),
 		LogFile:           proto.String(orDefault(o.LogFile, "restore.log")),
 		LogLevel:          proto.Int32(int32(logLevel(o.LogLevel))),

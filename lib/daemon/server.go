@@ -541,7 +541,7 @@ func Run(ctx context.Context, rt *container.Runtime, cfg Config) error {
 	if err := srv.access.openSocketTo(cfg.Socket, madeDir); err != nil {
 		return err
 	}
-	// Nothing else to rebuild: every request reads the tree and the live processes.
+	// Nothing else to rebuild: every request reads the store and the live processes.
 	if err := fork.GC(rt); err != nil && cfg.Log != nil {
 		cfg.Log.Warn("gc at start", "err", err)
 	}

@@ -1,7 +1,7 @@
 // Package daemon is LazyFork's daemon: an HTTP/JSON API on a unix socket (server.go)
 // over Service, which performs each operation with the same lib packages the stage
-// binaries and the porcelain use, on the same on-disk tree. The daemon keeps no state of
-// its own: every request reads the tree and the live processes, so a restarted daemon
+// binaries and the porcelain use, on the same on-disk store. The daemon keeps no state of
+// its own: every request reads the store and the live processes, so a restarted daemon
 // sees exactly what was running before. The porcelain uses Service directly when no
 // daemon runs, so both paths behave alike.
 package daemon

@@ -55,7 +55,7 @@ type DumpOptions struct {
 	// happened (Snapshot.Swap): a tree holding a stopped task cannot be frozen first and
 	// is copied as before.
 	Swap bool
-	// NetNS dumps from inside this network namespace (a cluster's): the image then holds
+	// NetNS dumps from inside this network namespace (a cluster's): the checkpoint then holds
 	// no namespace (Snapshot.SharedNetNS). Cut accepts a source the cluster's cut froze.
 	NetNS string
 	Cut   bool

@@ -182,8 +182,8 @@ func TestMemfileBadImages(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(s.CheckpointDir, "junk"), []byte("x"), 0o600)
 	_, err = fork.Memfile(ctx, s, fork.MemfileOptions{})
-	if err == nil || !strings.Contains(err.Error(), "not a CRIU image") || strings.Contains(err.Error(), "\n") {
-		t.Errorf("memfile of a non-image dir: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "is not a checkpoint") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("memfile of a dir that is not a checkpoint: %v", err)
 	}
 	if ents, _ := os.ReadDir(s.FamilyDir); len(ents) > 0 {
 		t.Errorf("memory files left: %v", ents)

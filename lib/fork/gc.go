@@ -158,7 +158,7 @@ const maxRecord = 1 << 20
 // directory whose container.json is missing is given a moment (a delete may be removing
 // it right now) before it counts as unreadable, unless all it holds is a record's pending
 // temp file and nothing is mounted there: a reservation killed while writing its record
-// (reservations hold the tree lock, as GC does, so none is in progress), returned in
+// (reservations hold the store lock, as GC does, so none is in progress), returned in
 // halfWritten for GC to remove.
 func listRecords(s *store.Store) (out []*store.Container, halfWritten []string, err error) {
 	ents, err := os.ReadDir(s.Dir)

@@ -54,7 +54,7 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 		forks, err := Restore(ctx, rt, s, o.RestoreOptions)
 		return forks, s, err
 	}
-	// A MADV_MERGEABLE bit in the image fails CRIU's restore on a kernel without KSM.
+	// A MADV_MERGEABLE bit in the checkpoint fails CRIU's restore on a kernel without KSM.
 	if o.KSM {
 		if err := ksm.Available(); err != nil {
 			return nil, nil, fmt.Errorf("fork %s with ksm: %w: fork without ksm", c.Display(), err)
@@ -100,7 +100,7 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages, KSM: o.KSM})
 	if o.Share {
 		// The source is gone since the dump: bring it back first, from the memory files
-		// if the rewrite worked, else from the plain image.
+		// if the rewrite worked, else from the plain checkpoint.
 		if err == nil {
 			s = m
 		}
@@ -142,7 +142,7 @@ func Stop(ctx context.Context, rt *container.Runtime, c *store.Container, h hook
 	// The processes are gone now: from here on the snapshot is the container.
 	if m, err := Memfile(ctx, s, MemfileOptions{}); err == nil {
 		s = m
-	} // else the plain CRIU image still restores; Start copes with both
+	} // else the plain checkpoint still restores; Start copes with both
 	if err := MarkStopped(rt, c, s); err != nil {
 		return s, err
 	}

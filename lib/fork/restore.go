@@ -57,7 +57,7 @@ type RestoreOptions struct {
 // own namespaces, cgroup, overlay upper and hostname, sharing the family memory files.
 // When any fork fails the whole batch is undone and the first error returned.
 func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o RestoreOptions) ([]stage.Fork, error) {
-	// Every path comes from the document: the image CRIU reads, the family bound into each
+	// Every path comes from the document: the checkpoint CRIU reads, the family bound into each
 	// fork, the layers mounted as its root. Nothing is touched before they are known to
 	// be LazyFork's.
 	if err := stage.CheckSnapshot(s); err != nil {
@@ -197,7 +197,7 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 // checkRestorable fails early, with the fix, when what forks need is gone.
 func checkRestorable(s *stage.Snapshot) error {
 	if _, err := os.Stat(filepath.Join(s.CheckpointDir, "inventory.img")); err != nil {
-		return fmt.Errorf("restore %s: its CRIU image %s is gone; take a new snapshot with lf-dump", s.ID, s.CheckpointDir)
+		return fmt.Errorf("restore %s: its checkpoint %s is gone; take a new snapshot with lf-dump", s.ID, s.CheckpointDir)
 	}
 	if _, err := os.Stat(s.FamilyDir); err != nil && s.State != stage.SnapDumped {
 		return fmt.Errorf("restore %s: its memory files %s are gone; take a new snapshot with lf-dump", s.ID, s.FamilyDir)
@@ -210,7 +210,7 @@ func checkRestorable(s *stage.Snapshot) error {
 	return nil
 }
 
-// makeDumpedFamily gives a plain CRIU image (state dumped: every fork gets a full copy
+// makeDumpedFamily gives a plain checkpoint (state dumped: every fork gets a full copy
 // of the memory, the baseline LazyFork is measured against) the family directory its
 // forks mount; it holds no memory files then.
 func makeDumpedFamily(s *stage.Snapshot) error {

@@ -122,7 +122,7 @@ func (r *rewriter) share(t *task, parent *task) error {
 		v.act = actShare
 		v.out = f
 		v.off = int64(s)
-		v.why = fmt.Sprintf("shares %d pages copy-on-write with process %d: maps its memory file %s at its own address; its %d differing pages stay in the image", shared, owner.pid, f.name, deltaPages)
+		v.why = fmt.Sprintf("shares %d pages copy-on-write with process %d: maps its memory file %s at its own address; its %d differing pages stay in the checkpoint", shared, owner.pid, f.name, deltaPages)
 		r.res.CowSharedPages += shared
 		t.changed = true
 		changed[i] = delta

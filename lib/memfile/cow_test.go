@@ -220,7 +220,7 @@ func TestPreforkSharesOnce(t *testing.T) {
 	for _, f := range res.Files {
 		bytes += f.Bytes
 	}
-	t.Logf("rewrite of master + %d workers: %d memory files, %.1f MiB allocated, %d pages shared with a parent (%.1f MiB not stored again), %d pages kept in the image",
+	t.Logf("rewrite of master + %d workers: %d memory files, %.1f MiB allocated, %d pages shared with a parent (%.1f MiB not stored again), %d pages kept in the checkpoint",
 		workers, len(res.Files), float64(bytes)/(1<<20), res.CowSharedPages, float64(res.CowSharedPages*pageSize)/(1<<20), res.PagesKept)
 	if res.CowSharedPages < workers*(60<<20)/pageSize {
 		t.Errorf("%d pages shared, want the workers' 64 MiB heaps (%d pages)", res.CowSharedPages, workers*(64<<20)/pageSize)

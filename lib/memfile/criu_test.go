@@ -418,7 +418,7 @@ func TestRewriteRestore(t *testing.T) {
 		t.Errorf("expected anon and file VMAs converted: %+v", res)
 	}
 	if res.PagesKept > 64 {
-		t.Errorf("%d pages left in the image, want only stack and vdso", res.PagesKept)
+		t.Errorf("%d pages left in the checkpoint, want only stack and vdso", res.PagesKept)
 	}
 	if res.DeltaPages != 0 || res.SharedPages != 0 {
 		t.Errorf("a first-generation image has no delta: %+v", res)
@@ -436,7 +436,7 @@ func TestRewriteRestore(t *testing.T) {
 	}
 	for _, name := range listDir(t, dumped) {
 		if strings.HasPrefix(name, ".lf-") {
-			t.Errorf("temp file %s left in the image dir", name)
+			t.Errorf("temp file %s left in the checkpoint dir", name)
 		}
 	}
 	if allocs, err := Detect(dumped); err != nil || len(allocs) != 0 {
@@ -519,7 +519,7 @@ func TestRewriteRestore(t *testing.T) {
 		t.Errorf("delta image should reference %s: %v", heap.Name, dres.References)
 	}
 	if dres.PagesKept < dres.DeltaPages {
-		t.Errorf("delta pages must stay in the image: kept %d < delta %d", dres.PagesKept, dres.DeltaPages)
+		t.Errorf("delta pages must stay in the checkpoint: kept %d < delta %d", dres.PagesKept, dres.DeltaPages)
 	}
 	grand, err := l.restore(delta, "grandchild")
 	if err != nil {
@@ -626,7 +626,7 @@ func testErrors(t *testing.T, l *lab, pristine string, good *Result) {
 			t.Fatalf("err = %v, want a truncation error naming pages-1.img", err)
 		}
 		t.Logf("error: %v", err)
-		sameState(t, "image dir", was, dirState(t, img))
+		sameState(t, "checkpoint dir", was, dirState(t, img))
 		if got := listDir(t, family); len(got) != 0 {
 			t.Errorf("family dir not empty: %v", got)
 		}
@@ -646,7 +646,7 @@ func testErrors(t *testing.T, l *lab, pristine string, good *Result) {
 			t.Fatalf("err = %v, want a truncation error naming mm-1.img", err)
 		}
 		t.Logf("error: %v", err)
-		sameState(t, "image dir", was, dirState(t, img))
+		sameState(t, "checkpoint dir", was, dirState(t, img))
 		if _, err := Detect(img); err == nil || !strings.Contains(err.Error(), "mm-1.img") {
 			t.Errorf("Detect on a truncated mm: %v", err)
 		}
@@ -686,7 +686,7 @@ func testErrors(t *testing.T, l *lab, pristine string, good *Result) {
 		if err == nil || !errors.Is(err, os.ErrExist) {
 			t.Fatalf("err = %v, want EEXIST", err)
 		}
-		sameState(t, "image dir", was, dirState(t, img))
+		sameState(t, "checkpoint dir", was, dirState(t, img))
 		if got := listDir(t, family); len(got) != 1 || got[0] != filepath.Base(clash) {
 			t.Errorf("family dir after failure: %v, want only %s", got, filepath.Base(clash))
 		}
@@ -705,7 +705,7 @@ func testErrors(t *testing.T, l *lab, pristine string, good *Result) {
 		if _, err := Rewrite(ctx, opts(img, family)); !errors.Is(err, context.Canceled) {
 			t.Fatalf("err = %v, want context.Canceled", err)
 		}
-		sameState(t, "image dir", was, dirState(t, img))
+		sameState(t, "checkpoint dir", was, dirState(t, img))
 		if got := listDir(t, family); len(got) != 0 {
 			t.Errorf("family dir not empty: %v", got)
 		}

@@ -16,19 +16,19 @@ import (
 )
 
 // ErrNotCheckpoint is returned for a directory without inventory.img.
-var ErrNotCheckpoint = errors.New("not a CRIU image directory")
+var ErrNotCheckpoint = errors.New("not a checkpoint (CRIU image directory)")
 
 // ErrTruncated is returned for an image file that ends inside an entry or lacks data.
 var ErrTruncated = errors.New("image file is truncated")
 
 // ErrUnaccounted: the pagemap does not account for every page in the pages image.
-var ErrUnaccounted = errors.New("pagemap does not account for the image's pages")
+var ErrUnaccounted = errors.New("pagemap does not account for the checkpoint's pages")
 
 // checkCheckpointDir fails with a message that tells the user what to pass instead.
 func checkCheckpointDir(dir string) error {
 	st, err := os.Stat(filepath.Join(dir, "inventory.img"))
 	if err != nil || !st.Mode().IsRegular() {
-		return fmt.Errorf("%s is not a CRIU image directory (no inventory.img); pass the image dir printed by lf-dump: %w", dir, ErrNotCheckpoint)
+		return fmt.Errorf("%s is not a checkpoint (no inventory.img: not a CRIU image directory); pass the checkpoint dir printed by lf-dump (images_dir): %w", dir, ErrNotCheckpoint)
 	}
 	return nil
 }

@@ -247,18 +247,18 @@ func (r *Report) Explain(w io.Writer) {
 		c := count[k]
 		count[k] = [2]int64{c[0] + 1, c[1] + v.Pages}
 	}
-	fmt.Fprintf(w, "%s: %d task(s), %d VMAs, %d pages with data in the image\n", r.Dir, r.Tasks, len(r.VMAs), r.Pages.InCheckpoint)
+	fmt.Fprintf(w, "%s: %d task(s), %d VMAs, %d pages with data in the checkpoint\n", r.Dir, r.Tasks, len(r.VMAs), r.Pages.InCheckpoint)
 	for _, k := range order {
 		c := count[k]
 		fmt.Fprintf(w, "  %-12s %4d VMAs %8d pages  %s\n", k.decision, c[0], c[1], k.why)
 	}
-	fmt.Fprintf(w, "  => %d pages to memory files, %d stay in the image; %d memory files\n", r.Pages.ToMemoryFiles, r.Pages.StayInCheckpoint, len(r.Files))
+	fmt.Fprintf(w, "  => %d pages to memory files, %d stay in the checkpoint; %d memory files\n", r.Pages.ToMemoryFiles, r.Pages.StayInCheckpoint, len(r.Files))
 }
 
 // Explain tells what a rewrite did (lf-memfile --explain in raw mode): the pages it moved
 // and the memory files it made.
 func (r *Result) Explain(w io.Writer) {
-	fmt.Fprintf(w, "moved %d pages of %d anonymous VMAs and %d copied-on-write file VMAs into %d memory files: %.1f MB written (%.0f MB/s); %d pages stay in the image\n",
+	fmt.Fprintf(w, "moved %d pages of %d anonymous VMAs and %d copied-on-write file VMAs into %d memory files: %.1f MB written (%.0f MB/s); %d pages stay in the checkpoint\n",
 		r.PagesMoved, r.VMAsConverted, r.FileVMAsConverted, len(r.Files), float64(r.BytesWritten)/1e6, r.MBPerSec, r.PagesKept)
 	if r.CowSharedPages > 0 {
 		fmt.Fprintf(w, "  %d pages a process shared copy-on-write with its parent stay in the parent's file (stored once)\n", r.CowSharedPages)
@@ -266,5 +266,5 @@ func (r *Result) Explain(w io.Writer) {
 	for _, f := range r.Files {
 		fmt.Fprintf(w, "  %s: %s, apparent size %d bytes, %d allocated (sparse: holes cost nothing)\n", f.Name, f.Kind, f.Size, f.Bytes)
 	}
-	fmt.Fprintf(w, "  the image's VMAs now map these files MAP_PRIVATE: a restore shares their pages and copies one only when it writes it\n")
+	fmt.Fprintf(w, "  the checkpoint's VMAs now map these files MAP_PRIVATE: a restore shares their pages and copies one only when it writes it\n")
 }

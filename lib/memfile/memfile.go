@@ -1,6 +1,6 @@
 // Package memfile rewrites a CRIU image directory so that its memory lives in "family
 // memory files" on tmpfs: every converted VMA becomes a MAP_PRIVATE mapping of a sparse
-// file, and every restore of the image maps those files instead of copying pages. Reads
+// file, and every restore of the checkpoint maps those files instead of copying pages. Reads
 // then share the page cache and the kernel copies a page only when a fork writes it.
 //
 // The edits are the ones CRIU 4.1 was seen to accept (see shared/env/memfile-findings.md
@@ -15,7 +15,7 @@
 //     private mappings of the same per-process file, holding the original file's bytes
 //     with the dumped pages written over them at the VMA's own address: one file and one
 //     descriptor per process at restore, however many mappings (maps06: 30,000);
-//   - VMAs that already map a family file (an image of a fork) keep their pages in the
+//   - VMAs that already map a family file (a checkpoint of a fork) keep their pages in the
 //     image as a delta, or with Options.Rebase get fresh files of base bytes plus delta.
 //
 // Images are read and written only through go-criu's crit and typed image packages.
@@ -53,13 +53,13 @@ const DefaultMountPath = "/.lazyfork/mem"
 // growth of the mapping keeps reading the file, and must find holes (zeros) there.
 const AnonFileSize = int64(1) << 47
 
-// ErrAllocator is returned by Rewrite when the image maps an allocator that relies on
+// ErrAllocator is returned by Rewrite when the checkpoint maps an allocator that relies on
 // MADV_DONTNEED zero-filling (see Detect).
 var ErrAllocator = errors.New("image maps an allocator that relies on MADV_DONTNEED zero-fill")
 
 // Options says what to rewrite and where the memory files go.
 type Options struct {
-	CheckpointDir string // the CRIU image dir to rewrite in place (the caller's own copy)
+	CheckpointDir string // the checkpoint dir to rewrite in place (the caller's own copy)
 	FamilyDir     string // host dir on tmpfs where .mem files are created (O_EXCL)
 	// HugePages makes the dense 2 MiB stretches of anonymous memory huge pages (see
 	// huge.go): forks then map them without page tables (~0.4 MB less per working fork of
@@ -81,7 +81,7 @@ type Options struct {
 	Rebase bool
 	// AllowAllocators rewrites even when Detect finds jemalloc, mimalloc or tcmalloc.
 	AllowAllocators bool
-	// KSM marks every VMA that maps a memory file MADV_MERGEABLE in the image: CRIU
+	// KSM marks every VMA that maps a memory file MADV_MERGEABLE in the checkpoint: CRIU
 	// restores each VMA's madvise bits, so ksmd may merge the forks' identical private
 	// pages. Opt-in per tree, same tenant only (docs/security.md).
 	KSM bool
@@ -93,10 +93,10 @@ type Result struct {
 	VMAsConverted     int    `json:"vmas_converted"`      // anonymous VMAs now in memory files
 	FileVMAsConverted int    `json:"file_vmas_converted"` // file-backed private VMAs now in memory files
 	VMAsRebased       int    `json:"vmas_rebased"`        // delta VMAs moved to fresh files (Rebase)
-	PagesMoved        int64  `json:"pages_moved"`         // pages taken out of the image into files
-	PagesKept         int64  `json:"pages_kept"`          // pages left in the image
-	// SharedPages counts data pages of the family files that the image's delta VMAs map;
-	// DeltaPages counts the image's own pages on top of them (before any rebase).
+	PagesMoved        int64  `json:"pages_moved"`         // pages taken out of the checkpoint into files
+	PagesKept         int64  `json:"pages_kept"`          // pages left in the checkpoint
+	// SharedPages counts data pages of the family files that the checkpoint's delta VMAs map;
+	// DeltaPages counts the checkpoint's own pages on top of them (before any rebase).
 	SharedPages int64 `json:"shared_pages"`
 	DeltaPages  int64 `json:"delta_pages"`
 	// References names every family file (in FamilyDir) the rewritten image maps, new
@@ -154,7 +154,7 @@ const (
 	actShare         // anonymous, maps its parent's new memory file + the differing pages (cow.go)
 )
 
-// checkpointSet is one image directory, loaded once (no caches outside it).
+// checkpointSet is one checkpoint directory, loaded once (no caches outside it).
 type checkpointSet struct {
 	dir      string
 	files    *crit.CriuImage
@@ -176,7 +176,7 @@ type task struct {
 	vmas     []*vmaInfo // sorted by start
 	pieces   []piece    // the pagemap split at VMA boundaries, in order
 	changed  bool
-	keptData int64    // bytes of pages staying in the image
+	keptData int64    // bytes of pages staying in the checkpoint
 	anon     *memFile // the process's anonymous memory file, once it has one
 }
 
@@ -198,12 +198,12 @@ type piece struct {
 	n     int64
 	src   int64 // offset in the pages image, -1 if the pages have no data there
 	vma   int   // index in task.vmas, -1 if outside every VMA
-	zero  bool  // src is -1 but the image must hold zero pages here (cow.go)
+	zero  bool  // src is -1 but the checkpoint must hold zero pages here (cow.go)
 	entry *pagemap.PagemapEntry
 }
 
 // Rewrite rewrites opts.CheckpointDir in place. On error every file it created is removed
-// and the image directory is left as it was.
+// and the checkpoint directory is left as it was.
 func Rewrite(ctx context.Context, opts Options) (res *Result, retErr error) {
 	start := time.Now()
 	if err := normalize(&opts); err != nil {
@@ -252,7 +252,7 @@ func Rewrite(ctx context.Context, opts Options) (res *Result, retErr error) {
 
 func normalize(o *Options) error {
 	if o.CheckpointDir == "" {
-		return errors.New("rewrite: no image directory given")
+		return errors.New("rewrite: no checkpoint directory given")
 	}
 	if o.FamilyDir == "" {
 		return errors.New("rewrite: no family directory given")
@@ -415,7 +415,7 @@ func (t *task) split(dir string) error {
 	if st.Size() < off {
 		return fmt.Errorf("read image %s: %w: %d bytes, %s needs %d", name, ErrTruncated, st.Size(), t.pmName, off)
 	}
-	// Pages the pagemap does not account for would stay in the image: every fork would
+	// Pages the pagemap does not account for would stay in the checkpoint: every fork would
 	// restore them as a private copy. Refuse rather than produce full copies (this is how
 	// a pagemap field layout the rewrite does not know shows up).
 	if st.Size() > off {
@@ -450,7 +450,7 @@ func present(pe *pagemap.PagemapEntry) bool {
 	return !pe.GetInParent()
 }
 
-// Detect lists the allocator libraries mapped by the image's tasks that rely on
+// Detect lists the allocator libraries mapped by the checkpoint's tasks that rely on
 // MADV_DONTNEED zero-filling (jemalloc, mimalloc, tcmalloc): in a fork that memory is
 // a private file mapping and MADV_DONTNEED brings back the snapshot's bytes.
 func Detect(checkpointDir string) (allocators []string, err error) {
@@ -463,7 +463,7 @@ func Detect(checkpointDir string) (allocators []string, err error) {
 
 // ZeroFillAllocator reports whether the mapped file path is an allocator library that
 // relies on MADV_DONTNEED zero-fill, and which (libjemalloc, libmimalloc, libtcmalloc).
-// The rewrite checks an image's mappings with it, lf-dump a live container's.
+// The rewrite checks a checkpoint's mappings with it, lf-dump a live container's.
 func ZeroFillAllocator(path string) (string, bool) {
 	base := filepath.Base(path)
 	for _, lib := range []string{"libjemalloc", "libmimalloc", "libtcmalloc"} {

@@ -115,7 +115,7 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 			// user (fork.pruneGenerations).
 			if !r.opts.Rebase || v.missing {
 				v.act = actDelta
-				v.why = fmt.Sprintf("already maps family file %s (%d shared pages); its own %d pages stay in the image as a delta", base, shared, v.present)
+				v.why = fmt.Sprintf("already maps family file %s (%d shared pages); its own %d pages stay in the checkpoint as a delta", base, shared, v.present)
 				return nil
 			}
 			if why := outOfFile(e); why != "" {
@@ -570,7 +570,7 @@ func (r *rewriter) store(name string, img *crit.CriuImage, steps *undo.Stack) er
 	return nil
 }
 
-// writePagesImage copies the pages that stay in the image into a new pages image.
+// writePagesImage copies the pages that stay in the checkpoint into a new pages image.
 func (r *rewriter) writePagesImage(t *task, steps *undo.Stack) error {
 	name := fmt.Sprintf("pages-%d.img", t.pagesID)
 	src, err := os.Open(filepath.Join(r.set.dir, name))

@@ -397,7 +397,7 @@ func TestAllocatorsSynthetic(t *testing.T) {
 func TestNotACheckpoint(t *testing.T) {
 	dir := t.TempDir()
 	_, err := Rewrite(context.Background(), Options{CheckpointDir: dir, FamilyDir: dir})
-	want := dir + " is not a CRIU image directory (no inventory.img); pass the image dir printed by lf-dump"
+	want := dir + " is not a checkpoint (no inventory.img: not a CRIU image directory); pass the checkpoint dir printed by lf-dump"
 	if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, ErrNotCheckpoint) {
 		t.Fatalf("err = %v", err)
 	}
@@ -493,7 +493,7 @@ func TestRewriteRefusesUnaccountedPages(t *testing.T) {
 		t.Fatalf("err = %v, want one line wrapping ErrUnaccounted", err)
 	}
 	if after := listDir(t, img); strings.Join(after, ",") != strings.Join(before, ",") {
-		t.Errorf("image dir changed: %v -> %v", before, after)
+		t.Errorf("checkpoint dir changed: %v -> %v", before, after)
 	}
 	if left := listDir(t, family); len(left) != 0 {
 		t.Errorf("family dir holds %v after a refused rewrite", left)

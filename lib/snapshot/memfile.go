@@ -21,7 +21,7 @@ const RebaseFraction = 0.25
 // MemfileOptions tune the rewrite.
 type MemfileOptions struct {
 	Force bool // rewrite even when an unsupported allocator is mapped
-	// NoFilePrivate keeps copied-on-write pages of libraries in the image (the per-fork
+	// NoFilePrivate keeps copied-on-write pages of libraries in the checkpoint (the per-fork
 	// floor is then ~1.5-2.4 MB instead of under 1 MB).
 	NoFilePrivate bool
 	// Rebase forces (true) a rebase; nil decides by RebaseFraction.

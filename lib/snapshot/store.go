@@ -40,7 +40,7 @@ func Save(s *stage.Snapshot) error {
 }
 
 // LoadSnapshot reads a snapshot by id or directory. A CRIU image directory with no
-// snapshot.json is reported as such, so a user pointing a stage at a raw image learns
+// snapshot.json is reported as such, so a user pointing a stage at a raw checkpoint learns
 // which stage to run first.
 func LoadSnapshot(ref string) (*stage.Snapshot, error) {
 	dir := ref

@@ -30,7 +30,7 @@ func (s *Snapshot) Explain(w io.Writer) {
 		} else {
 			fmt.Fprintf(w, "family %s: a root container's first snapshot starts a family of memory files (%s)\n", s.Family, s.FamilyDir)
 		}
-		fmt.Fprintf(w, "next: lf-memfile moves the image's memory into the family's memory files (without it, each restore copies every page)\n")
+		fmt.Fprintf(w, "next: lf-memfile moves the checkpoint's memory into the family's memory files (without it, each restore copies every page)\n")
 		return
 	}
 	m := s.Memfile
@@ -46,8 +46,8 @@ func (s *Snapshot) Explain(w io.Writer) {
 	if m.HugePages > 0 {
 		fmt.Fprintf(w, "  %d dense 2 MiB stretches became huge pages (forks map them without page tables)\n", m.HugePages)
 	}
-	fmt.Fprintf(w, "  %d pages stay in the image (stack, vdso, shared mappings, ...: lf-inspect says which and why)\n", m.PagesKept)
-	fmt.Fprintf(w, "  rewrote the image's VMAs to map those files MAP_PRIVATE: every fork shares their pages on tmpfs and copies one only when it writes it\n")
+	fmt.Fprintf(w, "  %d pages stay in the checkpoint (stack, vdso, shared mappings, ...: lf-inspect says which and why)\n", m.PagesKept)
+	fmt.Fprintf(w, "  rewrote the checkpoint's VMAs to map those files MAP_PRIVATE: every fork shares their pages on tmpfs and copies one only when it writes it\n")
 	fmt.Fprintf(w, "next: lf-restore -n N restores forks that map %s at /.lazyfork/mem\n", s.FamilyDir)
 }
 
@@ -65,7 +65,7 @@ func (r Restored) Explain(w io.Writer) {
 		fmt.Fprintf(w, "restored %d fork(s) with CRIU; each maps the memory files of family %s (%s, read-only at /.lazyfork/mem) MAP_PRIVATE: they share every page until one writes it\n",
 			len(r.Forks), s.Family, s.FamilyDir)
 	} else {
-		fmt.Fprintf(w, "restored %d fork(s) with CRIU from a snapshot lf-memfile did not rewrite: each fork copies all %d pages of the image (plain CRIU restore)\n",
+		fmt.Fprintf(w, "restored %d fork(s) with CRIU from a snapshot lf-memfile did not rewrite: each fork copies all %d pages of the checkpoint (plain CRIU restore)\n",
 			len(r.Forks), s.Dump.PagesWritten)
 	}
 	fmt.Fprintf(w, "  each fork is a new container: own namespaces, cgroup, hostname and record, an overlay upper over the snapshot's layer\n")

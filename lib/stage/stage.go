@@ -22,7 +22,7 @@ const (
 // Snapshot states, in pipeline order.
 const (
 	SnapDumping  = "dumping"
-	SnapDumped   = "dumped"   // CRIU image written, memory still in the image
+	SnapDumped   = "dumped"   // checkpoint written, memory still in it
 	SnapMemfiled = "memfiled" // memory moved into the family's memory files: restorable as forks
 )
 
@@ -42,7 +42,7 @@ type Snapshot struct {
 	ID            string    `json:"id"`
 	State         string    `json:"state"`
 	Dir           string    `json:"dir"`        // snapshot directory on tmpfs
-	CheckpointDir string    `json:"images_dir"` // the CRIU image (read-only once memfiled)
+	CheckpointDir string    `json:"images_dir"` // the checkpoint: CRIU's image directory (read-only once memfiled)
 	Created       time.Time `json:"created"`
 	Source        Source    `json:"source"`
 	// Owner is the pid of the process using the snapshot as a transient step (a dump in
@@ -86,7 +86,7 @@ type Snapshot struct {
 	Addr   string `json:"addr,omitempty"`
 	NAT    bool   `json:"nat,omitempty"`
 	// SharedNetNS: a cluster member dumped from inside its cluster's namespace (which
-	// the image does not hold); it restores only into a namespace made for the cluster's
+	// the checkpoint does not hold); it restores only into a namespace made for the cluster's
 	// fork (lib/fork.ForkCluster).
 	SharedNetNS bool `json:"shared_netns,omitempty"`
 
