@@ -19,6 +19,28 @@ import (
 	"github.com/lazyfork/lazyfork/lib/store"
 )
 
+// errorKinds are the errors the API answers with a code of their own, first match wins.
+var errorKinds = []struct {
+	errs   []error
+	code   string
+	status int
+}{
+	{[]error{guard.ErrBusy}, client.CodeBusy, http.StatusConflict},
+	{[]error{store.ErrNotFound}, client.CodeNotFound, http.StatusNotFound},
+	{[]error{store.ErrAmbiguous}, client.CodeAmbiguous, http.StatusConflict},
+	{[]error{store.ErrNameInUse}, client.CodeNameInUse, http.StatusConflict},
+	{[]error{store.ErrBadName}, client.CodeInvalidName, http.StatusBadRequest},
+	{[]error{image.ErrNotFound}, client.CodeImageNotFound, http.StatusNotFound},
+	{[]error{fork.ErrAllocator}, client.CodeAllocator, http.StatusUnprocessableEntity},
+	{[]error{hook.ErrNoAnswer}, client.CodeHookNoAnswer, http.StatusGatewayTimeout},
+	{[]error{hook.ErrRefused}, client.CodeHookRefused, http.StatusConflict},
+	{[]error{budget.ErrOverBudget}, client.CodeOverBudget, http.StatusConflict},
+	{[]error{snaptree.ErrNoTree, snaptree.ErrNotMember}, client.CodeNotFound, http.StatusNotFound},
+	{[]error{snaptree.ErrDropped, budget.ErrState}, client.CodeInvalidState, http.StatusConflict},
+	{[]error{budget.ErrInvalid}, client.CodeBadRequest, http.StatusBadRequest},
+	{[]error{context.Canceled}, client.CodeCanceled, 499},
+}
+
 // APIError gives any error of an operation its HTTP status and stable code.
 func APIError(err error) *client.Error {
 	var ce *client.Error
@@ -29,55 +51,32 @@ func APIError(err error) *client.Error {
 		return ce
 	}
 	msg := err.Error()
-	code, status := client.CodeFailed, http.StatusInternalServerError
 	var se *guard.StateError
-	switch {
-	case errors.As(err, &se):
-		code, status = client.CodeInvalidState, http.StatusConflict
-	case errors.Is(err, guard.ErrBusy):
-		code, status = client.CodeBusy, http.StatusConflict
-	case errors.Is(err, store.ErrNotFound):
-		code, status = client.CodeNotFound, http.StatusNotFound
-	case errors.Is(err, store.ErrAmbiguous):
-		code, status = client.CodeAmbiguous, http.StatusConflict
-	case errors.Is(err, store.ErrNameInUse):
-		code, status = client.CodeNameInUse, http.StatusConflict
-	case errors.Is(err, store.ErrBadName):
-		code, status = client.CodeInvalidName, http.StatusBadRequest
-	case errors.Is(err, image.ErrNotFound):
-		code, status = client.CodeImageNotFound, http.StatusNotFound
-	case errors.Is(err, fork.ErrAllocator):
-		code, status = client.CodeAllocator, http.StatusUnprocessableEntity
-	case errors.Is(err, hook.ErrNoAnswer):
-		code, status = client.CodeHookNoAnswer, http.StatusGatewayTimeout
-	case errors.Is(err, hook.ErrRefused):
-		code, status = client.CodeHookRefused, http.StatusConflict
-	case errors.Is(err, budget.ErrOverBudget):
-		code, status = client.CodeOverBudget, http.StatusConflict
-	case errors.Is(err, snaptree.ErrNoTree), errors.Is(err, snaptree.ErrNotMember):
-		code, status = client.CodeNotFound, http.StatusNotFound
-	case errors.Is(err, snaptree.ErrDropped), errors.Is(err, budget.ErrState):
-		code, status = client.CodeInvalidState, http.StatusConflict
-	case errors.Is(err, budget.ErrInvalid):
-		code, status = client.CodeBadRequest, http.StatusBadRequest
-	case errors.Is(err, context.Canceled):
-		code, status = client.CodeCanceled, 499
-	default:
-		// Any other error a lib package typed with an exit status (lib/exitcode) gets the
-		// status and code the client maps back to that same exit status
-		// (client.Error.ExitCode), so a command exits alike with or without a daemon.
-		var c exitcode.Coder
-		if errors.As(err, &c) {
-			switch c.ExitCode() {
-			case exitcode.NotFound:
-				code, status = client.CodeNotFound, http.StatusNotFound
-			case exitcode.InvalidState:
-				code, status = client.CodeInvalidState, http.StatusConflict
-			case exitcode.Busy:
-				code, status = client.CodeBusy, http.StatusConflict
-			case exitcode.Usage:
-				code, status = client.CodeBadRequest, http.StatusBadRequest
+	if errors.As(err, &se) {
+		return &client.Error{Status: http.StatusConflict, Code: client.CodeInvalidState, Message: msg}
+	}
+	for _, k := range errorKinds {
+		for _, target := range k.errs {
+			if errors.Is(err, target) {
+				return &client.Error{Status: k.status, Code: k.code, Message: msg}
 			}
+		}
+	}
+	// Any other error a lib package typed with an exit status (lib/exitcode) gets the
+	// status and code the client maps back to that same exit status
+	// (client.Error.ExitCode), so a command exits alike with or without a daemon.
+	code, status := client.CodeFailed, http.StatusInternalServerError
+	var c exitcode.Coder
+	if errors.As(err, &c) {
+		switch c.ExitCode() {
+		case exitcode.NotFound:
+			code, status = client.CodeNotFound, http.StatusNotFound
+		case exitcode.InvalidState:
+			code, status = client.CodeInvalidState, http.StatusConflict
+		case exitcode.Busy:
+			code, status = client.CodeBusy, http.StatusConflict
+		case exitcode.Usage:
+			code, status = client.CodeBadRequest, http.StatusBadRequest
 		}
 	}
 	return &client.Error{Status: status, Code: code, Message: msg}
