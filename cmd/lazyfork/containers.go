@@ -41,23 +41,24 @@ func (c *createCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	mem, err := parseBytes(c.Memory)
+	mem, err := limits(c.Memory, c.PidsLimit)
 	if err != nil {
 		return err
-	}
-	if c.PidsLimit < 0 {
-		return fmt.Errorf("--pids-limit %d: give a positive number of tasks", c.PidsLimit)
 	}
 	in, err := e.Create(ctx, client.CreateRequest{Image: c.Image, Name: c.Name, Command: dashdash(c.Command), Env: c.Env, Hook: c.Hook,
 		User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net, NAT: c.NAT, Join: c.Join}, os.Stderr)
 	if err != nil {
 		return err
 	}
-	if c.JSON {
-		return printJSON(in)
+	return printResult(in, in.ID, c.JSON)
+}
+
+// limits checks --memory and --pids-limit and gives the memory limit in bytes.
+func limits(memory string, pidsLimit int64) (int64, error) {
+	if pidsLimit < 0 {
+		return 0, fmt.Errorf("--pids-limit %d: give a positive number of tasks", pidsLimit)
 	}
-	fmt.Println(in.ID)
-	return nil
+	return parseBytes(memory)
 }
 
 // parseBytes reads a --memory value: bytes, or a number with a k, m or g suffix
@@ -376,6 +377,15 @@ func humanBytes(b int64) string {
 }
 
 func printJSONLine(v any) error { return json.NewEncoder(os.Stdout).Encode(v) }
+
+// printResult prints an operation's result: the document with --json, else line (an id).
+func printResult(v any, line string, asJSON bool) error {
+	if asJSON {
+		return printJSON(v)
+	}
+	fmt.Println(line)
+	return nil
+}
 
 func printJSON(v any) error {
 	enc := json.NewEncoder(os.Stdout)

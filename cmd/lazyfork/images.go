@@ -43,11 +43,7 @@ func (c *imagePullCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	if c.JSON {
-		return printJSON(img)
-	}
-	fmt.Println(img.Name)
-	return nil
+	return printResult(img, img.Name, c.JSON)
 }
 
 type imageListCmd struct {

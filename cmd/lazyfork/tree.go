@@ -127,12 +127,9 @@ func (c *treeCreateCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	mem, err := parseBytes(c.Memory)
+	mem, err := limits(c.Memory, c.PidsLimit)
 	if err != nil {
 		return err
-	}
-	if c.PidsLimit < 0 {
-		return fmt.Errorf("--pids-limit %d: give a positive number of tasks", c.PidsLimit)
 	}
 	t, err := m.Create(ctx, snaptree.CreateOptions{Name: c.Name, Budget: b, KSM: c.KSM, Label: c.Label,
 		Container: container.CreateOptions{Image: c.Image, Name: c.Root, Command: dashdash(c.Command), Env: c.Env, Progress: os.Stderr,
@@ -292,15 +289,6 @@ func (c *treePrepareCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	return printResult(n, n.Keyframe, c.JSON)
-}
-
-// printResult prints an operation's result: the document with --json, else line (an id).
-func printResult(v any, line string, asJSON bool) error {
-	if asJSON {
-		return printJSON(v)
-	}
-	fmt.Println(line)
-	return nil
 }
 
 type treeRollbackCmd struct {
