@@ -198,6 +198,7 @@ class Bench:
         self.cfg, self.out, self.smoke = cfg, out, smoke
         self.only = set(only or SECTIONS)  # the parts of the run to do (--only)
         self.daemon_proc = None  # `lazyfork daemon run` of the repeat rows, on its own socket
+        self.daemon_sock = None
         self.pid = os.getpid()
         self.prefix = f"bench-{self.pid}"
         # Under the state root: the stages refuse directories outside it (issue 9's guards).
@@ -979,6 +980,7 @@ class Bench:
         points `lazyfork` at it."""
         sock = Path("/run/lazyfork") / f"{self.prefix}.sock"
         sock.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self.daemon_sock = sock
         env = dict(os.environ, LAZYFORK_SOCKET=str(sock), LAZYFORK_GROUP="none")
         env.pop("LAZYFORK_LOCAL", None)
         self.daemon_log = self.tmp / "daemon.log"
@@ -996,16 +998,20 @@ class Bench:
     def stop_daemon(self):
         """Ends the daemon this run started (by its pid; containers keep running)."""
         d, self.daemon_proc = self.daemon_proc, None
-        if d is None or d.poll() is not None:
+        if d is None:
             return []
-        d.terminate()
-        try:
-            d.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            d.wait()
-            return [f"daemon {d.pid} did not stop on SIGTERM within 60 s: killed"]
-        return []
+        errs = []
+        if d.poll() is None:
+            d.terminate()
+            try:
+                d.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                d.kill()
+                d.wait()
+                errs.append(f"daemon {d.pid} did not stop on SIGTERM within 60 s: killed")
+        for f in (self.daemon_sock, Path(f"{self.daemon_sock}.lock")):  # this run's own names
+            f.unlink(missing_ok=True)
+        return errs
 
     def source_pauses(self, ref, env=None):
         """The agent's gaps over 10 ms (see agent.py): [(end unix time, ms)]."""
@@ -1018,6 +1024,26 @@ class Bench:
             except ValueError:
                 pass
         return out
+
+    def conntrack_ms(self, images_dir):
+        """How long CRIU's dump spent on the conntrack tables (CT, then expectations: the
+        two "Dumping netns links" lines of net.c's dump_nf_ct up to the end of the
+        namespaces), from the dump.log it leaves in the images directory; None if unknown."""
+        try:
+            text = (Path(images_dir) / "dump.log").read_text(errors="replace")
+        except OSError:
+            return None
+        start = end = None
+        for line in text.splitlines():
+            m = re.match(r"^\((\d+\.\d+)\)\s*(.*)", line)
+            if not m:
+                continue
+            if "Dumping netns links" in m[2] and start is None:
+                start = float(m[1])
+            elif "Namespaces dump complete" in m[2] and start is not None:
+                end = float(m[1])
+                break
+        return None if start is None or end is None else (end - start) * 1000
 
     def repeat_rows(self, heap):
         """One fork at a time of the same running source, each followed by an exec in the
@@ -1040,7 +1066,7 @@ class Bench:
                 fam0 = self.family_bytes()
                 src = self.create_source(heap, self.name(f"h{heap}", tag, "src"))
                 pre = self.quiet()
-                times, frozen, forks, spans = [], [], [], []
+                times, frozen, forks, spans, ct = [], [], [], [], []
                 t0 = now()
                 for i in range(k + 1):
                     nm = self.name(f"h{heap}", tag, i)
@@ -1049,6 +1075,7 @@ class Bench:
                         d = self.run([BIN / "lf-dump", src["id"]]).stdout
                         f = self.jsonl(self.run([BIN / "lf-restore", "-n", 1, "--name", nm], input=d).stdout)[0]
                         fr = json.loads(d)["dump"]["frozen_ms"]
+                        ct.append(self.conntrack_ms(json.loads(d)["images_dir"]))
                     else:
                         f = self.jsonl(self.lf("fork", src["id"], "--name", nm, "--json", *extra,
                                                timeout=600, env=env).stdout)[0]
@@ -1065,6 +1092,11 @@ class Bench:
                 ms = self.measure(forks)
                 post = meminfo()
                 gaps = self.source_pauses(src["id"], env)
+                if extra is not None:
+                    # A fork's snapshot (and CRIU's dump.log) is gone once the fork runs: three
+                    # more dumps of the same source (lf-dump, no fork) tell the conntrack part.
+                    ct = [None] + [self.conntrack_ms(json.loads(self.run([BIN / "lf-dump", src["id"]]).stdout)["images_dir"])
+                                   for _ in range(3)]
                 # A gap ends when the agent runs again: within the fork command's span.
                 pauses = [max([g for e, g in gaps if a <= e <= b + 0.05] or [None], key=lambda x: x or 0)
                           for a, b in spans]
@@ -1074,6 +1106,7 @@ class Bench:
                     repeat_frozen_p50_ms=pct(frozen[1:], 50),
                     first_pause_ms=pauses[0], repeat_pause_p50_ms=pct(pauses[1:], 50),
                     repeat_pause_max_ms=pct(pauses[1:], 100),
+                    first_conntrack_ms=ct[0], repeat_conntrack_p50_ms=pct(ct[1:], 50),  # the dump's conntrack part
                     fork_exec_ms=" ".join(f"{x:.0f}" for x in times),
                     pauses_ms=" ".join("-" if x is None else f"{x:.0f}" for x in pauses),
                     family_files_bytes=self.family_bytes() - fam0,
