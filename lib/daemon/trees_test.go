@@ -178,8 +178,16 @@ func TestTreeRoutes(t *testing.T) {
 		t.Fatalf("rollback: %+v, %v", res.Node, err)
 	}
 	rb := res.Node.ID
-	// A RAM budget nothing fits: eviction suspends every unprotected live node, never a.
-	small := int64(1 << 20)
+	// A RAM budget only the protected a and the memory files (which eviction does not
+	// free) fit: eviction suspends every unprotected live node, never a.
+	cur, err := cl.GetTree(bg, tr.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := cur.Nodes[a].RAMBytes + 64<<10
+	for _, n := range cur.Nodes {
+		small += n.SharedRAMBytes
+	}
 	res, err = cl.SetTreeBudget(bg, tr.ID, client.TreeBudgetRequest{MaxRAMBytes: &small})
 	if err != nil {
 		t.Fatal(err)

@@ -125,7 +125,8 @@ type Node struct {
 	DeltaBytes    int64 `json:"delta_bytes"`
 	// RAMBytes is its cgroup's charge when live (at the last look), or at suspend.
 	RAMBytes int64 `json:"ram_bytes"`
-	// SharedRAMBytes: its keyframe's memory files still on tmpfs (its forks map them).
+	// SharedRAMBytes: the memory files its keyframe needs still on tmpfs (its forks map
+	// them), each file counted for one node of the tree only (the oldest that needs it).
 	SharedRAMBytes int64 `json:"shared_ram_bytes"`
 	// DiskBytes: its packed snapshots plus its share of the packed memory files.
 	DiskBytes  int64     `json:"disk_bytes"`
