@@ -138,7 +138,7 @@ func (c *treeCreateCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 type treeAdoptCmd struct {
-	Container string `arg:"" help:"Running container (name, id or unique id prefix) to root the tree."`
+	Container string `arg:"" help:"Running container (name, id or unique id prefix) to root the tree; a cluster member roots it at its whole cluster (one node of kind cluster)."`
 	Name      string `help:"Name of the tree."`
 	Label     string `help:"Label of the root node."`
 	KSM       bool   `name:"ksm" help:"Mark the tree's memory mergeable by KSM (same-tenant hosts only)."`
@@ -164,8 +164,10 @@ func printTree(t *snaptree.Tree, err error, asJSON bool) error {
 	if err != nil {
 		return err
 	}
-	if !asJSON {
-		fmt.Fprintf(os.Stderr, "lazyfork: tree %s rooted at %s (keyframe %s)\n", t.ID, t.Root, t.Nodes[t.Root].Keyframe)
+	if r := t.Nodes[t.Root]; !asJSON && r.Kind == snaptree.NodeKindCluster {
+		fmt.Fprintf(os.Stderr, "lazyfork: tree %s rooted at cluster %s (%d members)\n", t.ID, t.Root, r.Members)
+	} else if !asJSON {
+		fmt.Fprintf(os.Stderr, "lazyfork: tree %s rooted at %s (keyframe %s)\n", t.ID, t.Root, r.Keyframe)
 	}
 	return printResult(t, t.ID, asJSON)
 }
@@ -221,13 +223,17 @@ func (c *treeNodesCmd) Run(ctx context.Context, g *Globals) error {
 		return printJSON(t)
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NODE\tNAME\tPARENT\tSTATE\tLABEL\tKEYFRAME\tPROTECTED\tRAM\tDISK\tDIRTY PAGES\tLAST ACTIVE")
+	fmt.Fprintln(w, "NODE\tNAME\tKIND\tPARENT\tSTATE\tLABEL\tKEYFRAME\tPROTECTED\tRAM\tDISK\tDIRTY PAGES\tLAST ACTIVE")
 	for _, n := range t.NodeList() {
 		kf := "-"
 		if n.HasKeyframe {
 			kf = fmt.Sprintf("gen %d", n.Generation)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\t%d\t%s ago\n", n.ID, n.Name, dash(n.Parent), n.State, n.Label, kf,
+		kind := n.Kind
+		if kind == snaptree.NodeKindCluster {
+			kind = fmt.Sprintf("cluster/%d", n.Members)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\t%d\t%s ago\n", n.ID, n.Name, kind, dash(n.Parent), n.State, n.Label, kf,
 			n.Protected, budget.Bytes(n.RAMBytes), budget.Bytes(n.DiskBytes), n.DirtyPages,
 			time.Since(n.LastActive).Round(time.Second))
 	}

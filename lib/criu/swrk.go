@@ -188,6 +188,11 @@ func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []str
 	return res, err
 }
 
+// Threads started criu from a namespace they joined end with their goroutine; the main
+// thread never ends (Go parks it, holding the namespace): locked to the main goroutine
+// from init, it never runs one of them (lib/network does the same).
+func init() { runtime.LockOSThread() }
+
 // joinNetNS moves the calling (locked) thread into the network namespace at path.
 func joinNetNS(path string) error {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)

@@ -122,6 +122,30 @@ func TestClusterMemberAlone(t *testing.T) {
 	}
 }
 
+// steadyClient is loopbackClient that outlives its connection (a reset, once the server's
+// container is deleted, ends the loop, not the process).
+const steadyClient = `import socket, time, itertools
+while True:
+    try:
+        cl = socket.create_connection(("127.0.0.1", 8080))
+        break
+    except OSError:
+        time.sleep(0.1)
+port = cl.getsockname()[1]
+try:
+    for i in itertools.count():
+        cl.sendall(b"%d" % i)
+        r = cl.recv(64)
+        if not r:
+            break
+        print(port, r.decode(), flush=True)
+        time.sleep(0.1)
+except OSError:
+    pass
+print("closed", flush=True)
+time.sleep(1000000)
+`
+
 // askFromHost sends msg to addr:8080 over a socket bound to the test's bridge (nothing
 // can leave the machine) and returns the answer, retrying until deadline.
 func askFromHost(t *testing.T, bridge, addr, msg string) string {
@@ -164,14 +188,19 @@ func netnsOf(t *testing.T, pid int) string {
 }
 
 // netnsHeld says whether any task on the machine is still in namespace ns.
-func netnsHeld(ns string) bool {
+func netnsHeld(ns string) bool { return len(netnsHolders(ns)) > 0 }
+
+// netnsHolders are the tasks in namespace ns, as "pid/tid comm".
+func netnsHolders(ns string) []string {
 	links, _ := filepath.Glob("/proc/[0-9]*/task/[0-9]*/ns/net")
+	var out []string
 	for _, p := range links {
 		if l, err := os.Readlink(p); err == nil && l == ns {
-			return true
+			comm, _ := os.ReadFile(filepath.Join(filepath.Dir(filepath.Dir(p)), "comm"))
+			out = append(out, strings.TrimPrefix(filepath.Dir(filepath.Dir(p)), "/proc/")+" "+strings.TrimSpace(string(comm)))
 		}
 	}
-	return false
+	return out
 }
 
 // A server and a client in one bridge-mode cluster (the client joined the server's
@@ -195,7 +224,7 @@ func TestBridgeClusterFork(t *testing.T) {
 			t.Errorf("join with net %q nat %v: %v", o.Net, o.NAT, err)
 		}
 	}
-	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", loopbackClient}})
+	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", steadyClient}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,4 +328,68 @@ func TestBridgeClusterFork(t *testing.T) {
 		t.Errorf("%d records left", len(all))
 	}
 	// checkNoNetworkLeft (bridgeRuntime's clean-up) checks the bridge, veths and NAT rules.
+}
+
+// A bridge-mode cluster stopped as one cut and started again in place: every member is
+// a stopped record while down (no process, no veth), one member cannot be started alone,
+// and once the cluster is started the pair goes on over the same connection, the server
+// answering the host at the cluster's own address.
+func TestClusterStopStart(t *testing.T) {
+	rt := bridgeRuntime(t, 24)
+	br := rt.Network.Bridge
+	server := strings.Replace(testutil.LoopbackServer, `("127.0.0.1", 8080)`, `("0.0.0.0", 8080)`, 1)
+	srv, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "srv", Net: container.NetBridge, Command: []string{"python3", "-c", server}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", loopbackClient}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, timescale.Scale(15*time.Second), "the pair to talk", func() bool { return len(lines(cl)) > 3 })
+	port := strings.Fields(lines(cl)[0])[0]
+	if got := askFromHost(t, br, addrOf(t, srv), "a"); got != "pong a" {
+		t.Fatalf("before: %q", got)
+	}
+	ns := netnsOf(t, srv.Pid)
+	snaps, err := fork.StopCluster(ctx, rt, mustGet(t, rt, cl.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snaps) != 2 || !snaps[0].SharedNetNS || snaps[0].Source.ID != srv.ID || snaps[1].Source.ID != cl.ID {
+		t.Fatalf("snapshots %+v", snaps)
+	}
+	for _, id := range []string{srv.ID, cl.ID} {
+		if c := mustGet(t, rt, id); c.State != store.StateStopped || rt.State(c) != store.StateStopped || c.Snapshot == "" {
+			t.Errorf("%s after the stop: record %s, live %s, snapshot %q", id, c.State, rt.State(c), c.Snapshot)
+		}
+	}
+	gone := func() bool { return !netnsHeld(ns) && !hostLinkExists(srv.ID) }
+	for deadline := time.Now().Add(timescale.Scale(30 * time.Second)); !gone() && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !gone() {
+		t.Fatalf("after the stop: namespace %s held by %v; veth there: %v", ns, netnsHolders(ns), hostLinkExists(srv.ID))
+	}
+	n := len(lines(cl))
+	if err := fork.Start(ctx, rt, mustGet(t, rt, cl.ID)); err == nil || !strings.Contains(err.Error(), "start the cluster") {
+		t.Errorf("start of one member: %v", err)
+	}
+	if err := fork.StartCluster(ctx, rt, mustGet(t, rt, srv.ID)); err != nil {
+		t.Fatal(err)
+	}
+	s, c := mustGet(t, rt, srv.ID), mustGet(t, rt, cl.ID)
+	if rt.State(s) != store.StateRunning || rt.State(c) != store.StateRunning || netnsOf(t, s.Pid) != netnsOf(t, c.Pid) || s.Addr != c.Addr {
+		t.Fatalf("after the start: %s %s, namespaces %s %s, addresses %s %s", rt.State(s), rt.State(c), netnsOf(t, s.Pid), netnsOf(t, c.Pid), s.Addr, c.Addr)
+	}
+	testutil.Eventually(t, timescale.Scale(15*time.Second), "the pair to go on talking", func() bool { return len(lines(c)) > n+5 })
+	for _, l := range lines(c)[n:] {
+		if f := strings.Fields(l); len(f) < 3 || f[0] != port || f[1] != "pong" {
+			t.Errorf("after the start: %q (want the same connection, port %s, answered)", l, port)
+			break
+		}
+	}
+	if got := askFromHost(t, br, addrOf(t, s), "b"); got != "pong b" {
+		t.Errorf("after the start, from the host: %q", got)
+	}
 }

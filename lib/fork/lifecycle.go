@@ -190,6 +190,15 @@ func Start(ctx context.Context, rt *container.Runtime, c *store.Container) error
 
 // resume restores stopped c from s in place. On failure c is stopped as before.
 func resume(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot) (retErr error) {
+	if s.SharedNetNS {
+		return fmt.Errorf("start %s: it was stopped with its cluster %s, whose namespace its snapshot does not hold: start the cluster (lazyfork tree resume)", c.Display(), c.Cluster)
+	}
+	return resumeIn(ctx, rt, c, s, "")
+}
+
+// resumeIn is resume into the network namespace at netns (a cluster member's; "" for a
+// namespace of its own).
+func resumeIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, netns string) (retErr error) {
 	if err := checkRestorable(s); err != nil {
 		return err
 	}
@@ -208,7 +217,7 @@ func resume(ctx context.Context, rt *container.Runtime, c *store.Container, s *s
 		}
 	}()
 	c.Family, c.MemDir = s.Family, s.FamilyDir
-	if err := start(ctx, rt, c, s, c.Upper, nil, nil); err != nil {
+	if err := startIn(ctx, rt, c, s, c.Upper, c.ID, nil, nil, true, netns); err != nil {
 		return fmt.Errorf("start %s: %w", c.Display(), err)
 	}
 	c.Snapshot = ""

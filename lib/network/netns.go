@@ -12,6 +12,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// The functions here move a locked OS thread into another namespace and let it end with
+// its goroutine, which takes the namespace change with it. Go never ends the main thread:
+// one left locked is parked for good, holding that namespace alive (a cluster's, long
+// after its containers were deleted). Locked to the main goroutine from init, the main
+// thread never runs another goroutine. (lib/criu does the same for its swrk threads.)
+func init() { goruntime.LockOSThread() }
+
 // NetNS is a new network namespace with loopback up, held by an OS thread of this process
 // until Release (no mount, nothing to clean up after a crash: the namespace dies with the
 // thread once no process is in it).

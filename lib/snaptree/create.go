@@ -38,15 +38,22 @@ func (m *Manager) Adopt(ctx context.Context, ref string, o CreateOptions) (*Tree
 	if err != nil {
 		return nil, err
 	}
-	if st := m.RT.State(c); st != store.StateRunning {
-		return nil, invalidState("adopt %s: it is %s; only a running container can root a tree (start it first)", ref, st)
+	// A cluster member: the whole cluster roots the tree, as one node led by its leader.
+	members, err := m.RT.Members(c)
+	if err != nil {
+		return nil, fmt.Errorf("adopt %s: %w", ref, err)
 	}
-	if t, err := m.treeOf(c.ID); err != nil {
-		return nil, err
-	} else if t != "" {
-		return nil, invalidState("adopt %s: it is already a node of tree %s (prune it there first)", ref, t)
+	for _, x := range members {
+		if st := m.RT.State(x); st != store.StateRunning {
+			return nil, invalidState("adopt %s: %s is %s; only a running container (every member of a cluster) can root a tree (start it first)", ref, x.Display(), st)
+		}
+		if t, err := m.treeOf(x.ID); err != nil {
+			return nil, err
+		} else if t != "" {
+			return nil, invalidState("adopt %s: %s is already a node of tree %s (prune it there first)", ref, x.Display(), t)
+		}
 	}
-	return m.create(ctx, o, c.ID)
+	return m.create(ctx, o, members[0].ID)
 }
 
 // treeOf is the tree container id belongs to ("" if none).
@@ -110,6 +117,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, adopt string) (_ 
 		}
 	}()
 	op := &op{m: m, t: t, ctx: ctx, start: time.Now()}
+	defer op.unlockAll()
 	if err := op.ensureCgroup(); err != nil {
 		return nil, err
 	}
@@ -122,14 +130,21 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, adopt string) (_ 
 	} else if c, err = op.trt.Create(ctx, o.Container); err != nil {
 		return nil, err
 	}
-	k, err := fork.Prepare(ctx, op.trt, c, fork.PrepareOptions{KSM: t.KSM})
-	if err != nil {
-		return nil, fmt.Errorf("tree root keyframe: %w", err)
+	var n *Node
+	if c.Cluster != "" && adopt != "" {
+		if n, err = op.adoptCluster(c, o.Label); err != nil {
+			return nil, err
+		}
+	} else {
+		k, err := fork.Prepare(ctx, op.trt, c, fork.PrepareOptions{KSM: t.KSM})
+		if err != nil {
+			return nil, fmt.Errorf("tree root keyframe: %w", err)
+		}
+		now := time.Now().UTC()
+		n = &Node{ID: c.ID, Name: c.Name, State: StateLive, Label: o.Label, Kind: NodeKind, Members: 1,
+			Created: now, LastActive: now}
+		setKeyframe(n, k)
 	}
-	now := time.Now().UTC()
-	n := &Node{ID: c.ID, Name: c.Name, State: StateLive, Label: o.Label, Kind: NodeKind, Members: 1,
-		Created: now, LastActive: now}
-	setKeyframe(n, k)
 	t.Root = c.ID
 	t.Nodes[c.ID] = n
 	refresh(t, m.RT)

@@ -10,7 +10,9 @@
 //	    nodes/<node-id>/<snapshot>/   a packed snapshot (snapshot.json + images/)
 //	    families/<family>/<file>.mem  memory files packed snapshots need, once per tree
 //
-// A node is a container (kind "container"; its id is the container's). A keyframe is a
+// A node is a container (kind "container"; its id is the container's) or a cluster (kind
+// "cluster": containers sharing one network namespace, its id the leader's; every
+// operation acts on all its members as one cut, see cluster.go). A keyframe is a
 // snapshot of a node whose memory files the node itself and its forks map (lib/fork
 // Prepare). Suspend stops a node into a snapshot (lib/fork Stop), packs that snapshot and
 // every memory file it needs to disk, and deletes from tmpfs whatever no running process
@@ -57,8 +59,11 @@ const (
 	RoleKeyframe = treedoc.RoleKeyframe
 )
 
-// NodeKind of every node this package makes.
-const NodeKind = treedoc.NodeKind
+// Node kinds: a container, or a cluster (see cluster.go).
+const (
+	NodeKind        = treedoc.NodeKind
+	NodeKindCluster = treedoc.NodeKindCluster
+)
 
 // invalidState is an operation the node's or container's state does not allow (exit
 // status 4, HTTP 409 invalid_state); badRequest one whose arguments are wrong (exit

@@ -220,6 +220,13 @@ func (o *op) node(ref string) (*Node, *store.Container, error) {
 		return nil, nil, fmt.Errorf("tree %s: node %q: %w", o.t.ID, ref, err)
 	}
 	n := o.t.Nodes[c.ID]
+	if n == nil && c.Cluster != "" && o.t.Nodes[c.Cluster] != nil && o.t.Nodes[c.Cluster].Kind == NodeKindCluster {
+		// A cluster member names its cluster's node.
+		n = o.t.Nodes[c.Cluster]
+		if c, err = o.m.RT.Containers.Get(n.ID); err != nil {
+			return nil, nil, fmt.Errorf("tree %s: node %q: its cluster %s: %w", o.t.ID, ref, n.ID, err)
+		}
+	}
 	if n == nil {
 		return nil, nil, fmt.Errorf("tree %s: %s: %w (see: lazyfork tree nodes %s)", o.t.ID, ref, ErrNotMember, o.t.ID)
 	}

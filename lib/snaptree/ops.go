@@ -49,6 +49,9 @@ func (o *op) fork(ref string, fo ForkOptions) ([]*Node, error) {
 	if err := o.makeRoom(n.ID, fo.N, o.estimate(n)); err != nil {
 		return nil, err
 	}
+	if n.Kind == NodeKindCluster {
+		return o.forkCluster(n, c, fo)
+	}
 	var forks []stage.Fork
 	var dirty int64
 	ro := fork.RestoreOptions{N: fo.N, Names: fo.Names}
@@ -168,6 +171,9 @@ func (m *Manager) Prepare(ctx context.Context, treeRef, node string, refresh boo
 			return err
 		}
 		out = n
+		if n.Kind == NodeKindCluster {
+			return invalidState("prepare %s: a cluster node has no keyframe: each fork of it takes a new cut of all %d members", n.ID, n.Members)
+		}
 		if n.HasKeyframe && !refresh {
 			return nil
 		}
@@ -200,8 +206,15 @@ func (m *Manager) Prepare(ctx context.Context, treeRef, node string, refresh boo
 func (m *Manager) Rollback(ctx context.Context, treeRef, node, name, label string) (*Node, *Tree, error) {
 	var out *Node
 	t, err := m.with(ctx, treeRef, func(o *op) error {
-		n, _, err := o.node(node)
+		n, c, err := o.node(node)
 		if err != nil {
+			return err
+		}
+		if n.Kind == NodeKindCluster {
+			if name != "" {
+				return badRequest("rollback %s: it is a cluster: names are per container, give a label instead", n.ID)
+			}
+			out, err = o.rollbackCluster(n, c, label)
 			return err
 		}
 		var s *stage.Snapshot

@@ -55,6 +55,9 @@ func (m *Manager) Prune(ctx context.Context, treeRef, node string) (*PruneResult
 		tmpfsBefore, diskBefore := tmpfsBytes(o.t, o.m.RT), diskBytes(o.t.Dir())
 		var errs []error
 		for _, id := range o.t.Subtree(n.ID) {
+			if o.t.Nodes[id].Kind == NodeKindCluster {
+				errs = append(errs, o.deleteMembers(id)...)
+			}
 			if c, err := o.lock(id); err == nil {
 				if err := o.m.RT.Delete(c); err != nil {
 					errs = append(errs, err)

@@ -22,6 +22,12 @@ import (
 func refresh(t *Tree, rt *container.Runtime) {
 	now := time.Now().UTC()
 	for _, n := range t.Nodes {
+		if n.Kind == NodeKindCluster {
+			if n.State != StateSuspended {
+				refreshCluster(t, n, rt, now)
+			}
+			continue
+		}
 		c, err := rt.Containers.Get(n.ID)
 		if n.State == StateSuspended {
 			// RAMBytes stays what it was at suspend: a resume is planned with it.
@@ -102,6 +108,11 @@ func families(t *Tree, rt *container.Runtime) []string {
 		if c, err := rt.Containers.Get(n.ID); err == nil {
 			add(c.Family)
 		}
+		for _, m := range n.MemberIDs {
+			if c, err := rt.Containers.Get(m); err == nil {
+				add(c.Family)
+			}
+		}
 		for _, p := range n.Packed {
 			add(p.Family)
 		}
@@ -127,8 +138,10 @@ func budgetTree(t *Tree) *budget.Tree {
 		if n.State != StateLive {
 			st, ram = budget.Suspended, 0
 		}
+		// A cluster node restores from its own cut, a whole image of every member with
+		// the memory files it needs: for the chain depth it is its own keyframe.
 		bt.Nodes[n.ID] = &budget.Node{ID: n.ID, Parent: n.Parent, State: st, Protected: n.Protected,
-			Keyframe: n.HasKeyframe, RAMBytes: ram, SharedRAMBytes: n.SharedRAMBytes, DiskBytes: n.DiskBytes,
+			Keyframe: n.HasKeyframe || n.Kind == NodeKindCluster, RAMBytes: ram, SharedRAMBytes: n.SharedRAMBytes, DiskBytes: n.DiskBytes,
 			SuspendBytes: suspendEstimate(n), LastActive: n.LastActive.UnixNano()}
 	}
 	return bt

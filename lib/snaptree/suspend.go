@@ -51,6 +51,9 @@ func (o *op) suspend(id string) error {
 			return err
 		}
 	}
+	if n.Kind == NodeKindCluster {
+		return o.suspendCluster(n, c, ram)
+	}
 	s, err := fork.Stop(o.ctx, o.trt, c, hook.Options{})
 	if err != nil {
 		return err
@@ -101,6 +104,13 @@ func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tre
 		out = n
 		if n.State == StateLive {
 			return nil
+		}
+		if n.Kind == NodeKindCluster {
+			if err := o.resumeCluster(n, c); err != nil {
+				return err
+			}
+			o.event("resume", n.ID)
+			return o.autoEvict()
 		}
 		p := n.PackedRole(RoleSuspend)
 		var s *stage.Snapshot

@@ -44,8 +44,12 @@ const (
 	RoleKeyframe = "keyframe" // the node's keyframe, for rollback
 )
 
-// NodeKind of every node this package makes.
-const NodeKind = "container"
+// Node kinds: one container, or a cluster (containers sharing a network namespace,
+// lib/fork.ForkCluster) whose node id is its leader's.
+const (
+	NodeKind        = "container"
+	NodeKindCluster = "cluster"
+)
 
 var (
 	// ErrNoTree: no tree matches the reference (exit status 3).
@@ -111,6 +115,8 @@ type Node struct {
 	Label    string   `json:"label,omitempty"`
 	Kind     string   `json:"kind"`
 	Members  int      `json:"member_count"`
+	// MemberIDs are a cluster node's containers, its leader (the node's id) first.
+	MemberIDs []string `json:"member_ids,omitempty"`
 	// DirtyPages are the pages its last dump captured (its delta over the memory files).
 	DirtyPages int64 `json:"dirty_pages"`
 	// HasKeyframe: the node owns a keyframe (Keyframe, generation Generation); forks of
@@ -263,6 +269,11 @@ func ReadID(id string) (*Tree, error) {
 	for id, n := range t.Nodes {
 		if n.ID != id || !containerIDRe.MatchString(id) {
 			return nil, fmt.Errorf("read tree %s: bad node %q", t.ID, id)
+		}
+		for i, m := range n.MemberIDs {
+			if !containerIDRe.MatchString(m) || (i == 0) != (m == n.ID) {
+				return nil, fmt.Errorf("read tree %s: node %s: bad member %q", t.ID, id, m)
+			}
 		}
 		for _, p := range n.Packed {
 			if err := CheckPacked(&t, n, p); err != nil {

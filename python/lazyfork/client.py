@@ -223,7 +223,8 @@ class Client:
         return self._new_tree({"root": root}, name, label, budget, ksm)
 
     def adopt_tree(self, ref, name=None, label=None, budget=None, ksm=False):
-        """Create a snapshot tree rooted at running container ``ref``. Returns a Tree."""
+        """Create a snapshot tree rooted at running container ``ref``; a cluster member
+        roots it at its whole cluster (a node of kind "cluster"). Returns a Tree."""
         return self._new_tree({"adopt": ref}, name, label, budget, ksm)
 
     def _new_tree(self, body, name, label, budget, ksm):
