@@ -212,7 +212,14 @@ func (c *Client) Logs(ctx context.Context, ref string, follow bool, w io.Writer)
 
 // Events calls fn for every lifecycle event until ctx ends or fn returns an error.
 func (c *Client) Events(ctx context.Context, fn func(Event) error) error {
-	resp, err := c.send(ctx, "GET", "/v1/events", nil, "")
+	return stream(ctx, c, "/v1/events", "events", func(e Event) (bool, error) { return false, fn(e) })
+}
+
+// stream GETs path, a stream of JSON lines, and calls fn with each line decoded as T
+// until fn says stop (then it returns nil) or fails, ctx ends, or the stream breaks
+// (io.ErrUnexpectedEOF). what names the stream in a decoding error.
+func stream[T any](ctx context.Context, c *Client, path, what string, fn func(T) (stop bool, err error)) error {
+	resp, err := c.send(ctx, "GET", path, nil, "")
 	if err != nil {
 		return err
 	}
@@ -221,12 +228,13 @@ func (c *Client) Events(ctx context.Context, fn func(Event) error) error {
 		return err
 	}
 	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 64<<20) // a tree watch's first line carries the whole tree
 	for sc.Scan() {
-		var e Event
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			return fmt.Errorf("read event: %w", err)
+		var v T
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			return fmt.Errorf("%s: read: %w", what, err)
 		}
-		if err := fn(e); err != nil {
+		if stop, err := fn(v); stop || err != nil {
 			return err
 		}
 	}

@@ -1,11 +1,8 @@
 package client
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/url"
 	"time"
 
@@ -234,39 +231,15 @@ func (c *Client) nodeOp(ctx context.Context, treeRef, node, verb string, body an
 // WatchTree calls fn with tree ref as it is, then with one event per mutation, until ctx
 // ends, fn returns an error, or the tree is removed (then it returns nil).
 func (c *Client) WatchTree(ctx context.Context, ref string, fn func(TreeWatchMessage) error) error {
-	resp, err := c.send(ctx, "GET", treePath(ref, "watch"), nil, "")
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if err := checkStatus(resp); err != nil {
-		return err
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 64<<20) // the first line carries the whole tree
-	for sc.Scan() {
-		var m TreeWatchMessage
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			return fmt.Errorf("watch tree %s: read: %w", ref, err)
+	return stream(ctx, c, treePath(ref, "watch"), "watch tree "+ref, func(m TreeWatchMessage) (bool, error) {
+		switch {
+		case m.Error != nil:
+			return true, m.Error
+		case m.End == "removed":
+			return true, nil
+		case m.End != "":
+			return true, fmt.Errorf("watch tree %s: the daemon ended the stream (%s)", ref, m.End)
 		}
-		if m.Error != nil {
-			return m.Error
-		}
-		if m.End == "removed" {
-			return nil
-		}
-		if m.End != "" {
-			return fmt.Errorf("watch tree %s: the daemon ended the stream (%s)", ref, m.End)
-		}
-		if err := fn(m); err != nil {
-			return err
-		}
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	return io.ErrUnexpectedEOF
+		return false, fn(m)
+	})
 }

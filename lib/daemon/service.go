@@ -149,18 +149,26 @@ func checkEnv(env []string) error {
 	return nil
 }
 
+// forkCount is how many forks a request asks for: n, or as many as it names (named:
+// its names, labels), 1 when neither; a negative n or more than MaxForks is refused.
+func forkCount(n int, named ...int) (int, error) {
+	if n < 0 {
+		return 0, badRequest("n must be at least 1")
+	}
+	n = max(n, slices.Max(append(named, 1)))
+	if n > MaxForks {
+		return 0, badRequest("n = %d: at most %d forks per request", n, MaxForks)
+	}
+	return n, nil
+}
+
 // Fork forks ref. The pipeline runs to the end even if ctx is cancelled half-way (a
 // killed CRIU could leave the source frozen or half-dumped); if ctx was cancelled by then,
 // the forks are deleted again, so a caller that went away leaves nothing behind.
 func (s *Service) Fork(ctx context.Context, ref string, req client.ForkRequest, onFork func(client.Fork)) (*client.ForkResult, error) {
-	n := max(req.N, len(req.Names))
-	switch {
-	case req.N < 0:
-		return nil, badRequest("n must be at least 1")
-	case n == 0:
-		n = 1
-	case n > MaxForks:
-		return nil, badRequest("n = %d: at most %d forks per request", n, MaxForks)
+	n, err := forkCount(req.N, len(req.Names))
+	if err != nil {
+		return nil, err
 	}
 	if req.HookTimeout < 0 {
 		return nil, badRequest("hook_timeout must not be negative")

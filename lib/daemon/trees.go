@@ -262,14 +262,9 @@ func (s *Service) SetTreeBudget(ctx context.Context, ref string, b client.TreeBu
 
 // ForkNode forks node of tree ref: req.N branches sharing one dump.
 func (s *Service) ForkNode(ctx context.Context, ref, node string, req client.TreeForkRequest) (*client.TreeResult, error) {
-	n := max(req.N, len(req.Names), len(req.Labels))
-	switch {
-	case req.N < 0:
-		return nil, badRequest("n must be at least 1")
-	case n == 0:
-		n = 1
-	case n > MaxForks:
-		return nil, badRequest("n = %d: at most %d forks per request", n, MaxForks)
+	n, err := forkCount(req.N, len(req.Names), len(req.Labels))
+	if err != nil {
+		return nil, err
 	}
 	for _, name := range req.Names {
 		if err := store.ValidateName(name); err != nil {
@@ -283,7 +278,7 @@ func (s *Service) ForkNode(ctx context.Context, ref, node string, req client.Tre
 		return nil, err
 	}
 	res := &client.TreeResult{}
-	err := s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
+	err = s.mutate(ctx, res, func(ctx context.Context, m *snaptree.Manager) error {
 		nodes, t, err := m.Fork(ctx, ref, node, snaptree.ForkOptions{N: n, Names: req.Names, Labels: req.Labels})
 		res.Tree, res.Nodes = t, nodes
 		return err
