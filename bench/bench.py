@@ -1083,9 +1083,12 @@ class Bench:
                     spans.append((w, time.time()))
                     self.lf("exec", f["id"], "--", "hostname", env=env)
                     times.append((now() - t) * 1000)
+                    tim = {} if extra is None else (self.stats(f["id"]).get("timings_ms") or {})
                     if fr is None:
-                        fr = (self.stats(f["id"]).get("timings_ms") or {}).get("frozen_ms")
+                        fr = tim.get("frozen_ms")
                     frozen.append(fr)
+                    if i == 0:
+                        first_tim = tim
                     forks.append(f)
                 wall = (now() - t0) * 1000
                 self.settle(now())
@@ -1107,6 +1110,7 @@ class Bench:
                     first_pause_ms=pauses[0], repeat_pause_p50_ms=pct(pauses[1:], 50),
                     repeat_pause_max_ms=pct(pauses[1:], 100),
                     first_conntrack_ms=ct[0], repeat_conntrack_p50_ms=pct(ct[1:], 50),  # the dump's conntrack part
+                    first_dump_ms=first_tim.get("dump_ms"), first_memfile_ms=first_tim.get("memfile_ms"),
                     fork_exec_ms=" ".join(f"{x:.0f}" for x in times),
                     pauses_ms=" ".join("-" if x is None else f"{x:.0f}" for x in pauses),
                     family_files_bytes=self.family_bytes() - fam0,

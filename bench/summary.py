@@ -479,8 +479,9 @@ def issue14_targets(b, target):
         target("first fork + exec, CLI with the daemon", "<= 250 ms", f"{ms(v)} ms" + base("first_fork_exec_ms"),
                v is not None and v <= 250,
                "" if v is None or v <= 250 else
-               f"the first fork dumps the whole {th} MiB heap, rewrites it into memory files and restores the "
-               f"source onto them: the source paused {ms(rep.get('first_pause_ms'))} ms of it")
+               f"the first fork dumps the whole {th} MiB heap (CRIU {ms(rep.get('first_dump_ms'))} ms), rewrites it "
+               f"into memory files ({ms(rep.get('first_memfile_ms'))} ms) and restores the source onto them: the "
+               f"source paused {ms(rep.get('first_pause_ms'))} ms of it")
         v = rep.get("repeat_pause_p50_ms")
         target("source pause, repeat forks", "<= 40 ms",
                f"{ms(v)} ms p50, {ms(rep.get('repeat_pause_max_ms'))} ms max (the longest gap the agent saw during "
@@ -498,8 +499,10 @@ def issue14_targets(b, target):
                f"{ms(v)} ms (CRIU froze it {ms(rep.get('first_frozen_ms'))} ms)" + base("first_pause_ms"),
                None if v is None else v <= 150,
                "" if v is None or v <= 150 else
-               f"the source stays frozen while CRIU writes its {th} MiB to pages-*.img on tmpfs, lf-memfile copies "
-               f"them into memory files and its replacement is restored from them")
+               f"the source stays frozen while CRIU writes its {th} MiB to pages-*.img on tmpfs (dump "
+               f"{ms(rep.get('first_dump_ms'))} ms), lf-memfile copies them into memory files "
+               f"({ms(rep.get('first_memfile_ms'))} ms) and its replacement is restored from them; the pages are "
+               f"written twice while it is frozen (the issue's page-server and pre-copy ideas; not tried here)")
     else:
         for name, goal in (("repeat fork + exec, CLI with the daemon", "p50 <= 60 ms"),
                            ("first fork + exec, CLI with the daemon", "<= 250 ms"),
