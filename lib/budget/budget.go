@@ -844,6 +844,10 @@ func (e *ChangeError) Error() string {
 		return fmt.Sprintf("budget max_live %d is below the %d nodes that stay live after suspending every node eviction may take%s: unprotect, suspend or prune them, or raise max_live",
 			e.Limit, e.Have, by)
 	case "max_ram_bytes":
+		if by == "" {
+			return fmt.Sprintf("budget max_ram_bytes %s is below the %s that stays charged after suspending every node eviction may take (the keyframes' memory files on tmpfs, which stay while any node needs them): prune nodes, or raise max_ram_bytes",
+				Bytes(e.Limit), Bytes(e.Have))
+		}
 		return fmt.Sprintf("budget max_ram_bytes %s is below the %s that stays charged after suspending every node eviction may take%s: unprotect, suspend or prune them, or raise max_ram_bytes",
 			Bytes(e.Limit), Bytes(e.Have), by)
 	}

@@ -289,6 +289,13 @@ func TestPlanBudgetLowersLive(t *testing.T) {
 	if _, err = tr.PlanBudget(nb); !errors.As(err, &ce) || ce.Budget != "max_ram_bytes" || ce.Have != 200*mib {
 		t.Fatalf("max_ram 150 MiB: %v", err)
 	}
+	// Memory files on tmpfs alone over the bound: no node to name, the files are.
+	must(t, tr.SetProtected("r", false))
+	must(t, tr.SetProtected("c", false))
+	must(t, tr.Measure("r", Measurement{RAMBytes: Keep, SharedRAMBytes: 300 * mib, DiskBytes: Keep, SuspendBytes: Keep}))
+	if _, err = tr.PlanBudget(nb); !errors.As(err, &ce) || ce.Budget != "max_ram_bytes" || len(ce.Protected)+len(ce.Stuck) != 0 || !strings.Contains(err.Error(), "memory files") {
+		t.Fatalf("max_ram 150 MiB under 300 MiB of memory files: %v", err)
+	}
 	// Disk: only prune frees it.
 	nb.MaxRAMBytes, nb.MaxDiskBytes = 1<<30, 1
 	if _, err = tr.PlanBudget(nb); !errors.As(err, &ce) || ce.Budget != "max_disk_bytes" {

@@ -57,8 +57,9 @@ func TestKilledTreeForkMidSwap(t *testing.T) {
 			cmd.Env = append(os.Environ(), "LAZYFORK_LOCAL=1")
 			if killMidSwap(t, rt, src, p, cmd, func() *os.Process { return cmd.Process }) {
 				seen++
+				checkOneSource(t, rt, bin, src, nil)
 			}
-			checkOneSource(t, rt, bin, src, nil)
+			// (A fork that ended first keeps its swap snapshot: it is the member's keyframe.)
 			if cur, err := rt.Containers.Get(src.ID); err != nil || cgroup.ParentOf(cur.Cgroup) != members {
 				t.Fatalf("after gc the source's group is not in the tree's cgroup: %v %v", cur, err)
 			}
@@ -85,4 +86,32 @@ func TestKilledTreeForkMidSwap(t *testing.T) {
 	if seen < 3 {
 		t.Errorf("only %d of 5 kill points were caught before the fork ended", seen)
 	}
+
+	// Killed while the new source restores, then pruned before any gc: the prune's gc
+	// finds the new source's group in the tree's cgroup though no record names it.
+	t.Run("restoring, pruned", func(t *testing.T) {
+		nodes, _, err := m.Fork(ctx, tr.ID, tr.Root, snaptree.ForkOptions{N: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := rt.Containers.Get(nodes[0].ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 2 })
+		cmd := exec.Command(bin, "tree", "fork", tr.ID, src.ID)
+		cmd.Env = append(os.Environ(), "LAZYFORK_LOCAL=1")
+		if !killMidSwap(t, rt, src, swapKillPoints[3], cmd, func() *os.Process { return cmd.Process }) {
+			t.Skip("the fork ended before its restore was seen") // counted by the loop above
+		}
+		if _, _, err := m.Prune(ctx, tr.ID, src.ID); err != nil {
+			t.Fatalf("prune after the kill: %v", err)
+		}
+		if g := groupsOf(t, rt, src); len(g) != 0 {
+			t.Errorf("groups of the pruned member left in the tree's cgroup: %v", g)
+		}
+		if s := swapSnapshot(src); s != nil {
+			t.Errorf("the swap snapshot %s is left", s.ID)
+		}
+	})
 }
