@@ -630,7 +630,13 @@ func TestForgedTreeDocument(t *testing.T) {
 		"family ../":        func(d map[string]any) { packed(d)["family"] = "../x" },
 		"foreign cgroup":    func(d map[string]any) { d["cgroup"] = map[string]string{"memory": "/system.slice"} },
 		"node id traversal": func(d map[string]any) { d["nodes"] = map[string]any{"../x": map[string]any{"id": "../x"}} },
-		"other id":          func(d map[string]any) { d["id"] = "t111111111111" },
+		"member id traversal": func(d map[string]any) {
+			d["nodes"].(map[string]any)["0123456789ab"].(map[string]any)["member_ids"] = []string{"0123456789ab", "../../x"}
+		},
+		"member list without its leader first": func(d map[string]any) {
+			d["nodes"].(map[string]any)["0123456789ab"].(map[string]any)["member_ids"] = []string{"aaaaaaaaaaaa", "0123456789ab"}
+		},
+		"other id": func(d map[string]any) { d["id"] = "t111111111111" },
 	}
 	for name, mutate := range cases {
 		d := good()

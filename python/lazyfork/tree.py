@@ -200,9 +200,22 @@ class Node:
         return self.info()["state"]
 
     @property
+    def kind(self):
+        """"container", or "cluster" (containers sharing one network namespace, forked,
+        suspended and resumed as one cut; see members)."""
+        return self.metadata.get("kind", "container")
+
+    @property
     def container(self):
-        """The node's container (exec, logs, stats)."""
+        """The node's container (exec, logs, stats); a cluster's leader."""
         return self.client.container(self.id)
+
+    @property
+    def members(self):
+        """The node's containers: the container itself, or a cluster's members, leader
+        first."""
+        ids = self.metadata.get("member_ids") or [self.id]
+        return [self.client.container(i) for i in ids]
 
     def exec(self, argv, **kw):
         """Run a command inside the node's container (Container.exec)."""
