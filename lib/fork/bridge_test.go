@@ -144,7 +144,7 @@ func TestForkHTTPServerInBridgeMode(t *testing.T) {
 		}
 	}
 	forks := doFork(t, rt, src, 10)
-	src = mustGet(t, rt, src.ID)
+	src = testutil.MustGet(t, rt, src.ID)
 	seen := map[string]string{addrOf(t, src): src.ID}
 	for _, f := range forks {
 		a := addrOf(t, f)
@@ -218,11 +218,11 @@ func TestForkHTTPServerInBridgeMode(t *testing.T) {
 	if hostLinkExists(again.ID) {
 		t.Errorf("stopped %s still has its veth", again.ID)
 	}
-	again = mustGet(t, rt, again.ID)
+	again = testutil.MustGet(t, rt, again.ID)
 	if err := fork.Start(ctx, rt, again); err != nil {
 		t.Fatal(err)
 	}
-	if n := get(t, cl, mustGet(t, rt, again.ID)); n != 6 {
+	if n := get(t, cl, testutil.MustGet(t, rt, again.ID)); n != 6 {
 		t.Errorf("restarted at %s: %d, want 6", again.Addr, n)
 	}
 }
@@ -243,7 +243,7 @@ func TestBridgeAddressExhaustion(t *testing.T) {
 	if len(all) != 1 {
 		t.Fatalf("%d records after the refused batch, want the source only", len(all))
 	}
-	forks := doFork(t, rt, mustGet(t, rt, src.ID), 4)
+	forks := doFork(t, rt, testutil.MustGet(t, rt, src.ID), 4)
 	if len(forks) != 4 {
 		t.Fatal("4 forks")
 	}
@@ -343,7 +343,7 @@ func TestBridgeOutsideConnectionClosedInFork(t *testing.T) {
 		return false
 	})
 	f := doFork(t, rt, app, 1)[0]
-	app = mustGet(t, rt, app.ID)
+	app = testutil.MustGet(t, rt, app.ID)
 	testutil.Eventually(t, 10*time.Second, "the fork to see its copy closed", func() bool {
 		l := lines(f)
 		return l[len(l)-1] == "closed ConnectionAbortedError"
@@ -401,7 +401,7 @@ func TestBridgeNATRules(t *testing.T) {
 		t.Errorf("ip_forward: %q %v", b, err)
 	}
 	f := doFork(t, rt, c, 1)[0]
-	if !f.NAT || !mustGet(t, rt, c.ID).NAT {
+	if !f.NAT || !testutil.MustGet(t, rt, c.ID).NAT {
 		t.Fatal("fork or swapped source lost --nat")
 	}
 	want(f.ID, 2)
@@ -411,7 +411,7 @@ func TestBridgeNATRules(t *testing.T) {
 	}
 	want(f.ID, 0)
 	want(c.ID, 2)
-	if err := rt.Delete(mustGet(t, rt, c.ID)); err != nil {
+	if err := rt.Delete(testutil.MustGet(t, rt, c.ID)); err != nil {
 		t.Fatal(err)
 	}
 	if rs := rules(); len(rs) != 0 {

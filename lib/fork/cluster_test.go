@@ -59,7 +59,7 @@ func TestClusterForkKeepsLoopbackConnection(t *testing.T) {
 	testutil.Eventually(t, 15*time.Second, "the pair to talk", func() bool { return len(lines(cl)) > 3 })
 	port := strings.Fields(lines(cl)[0])[0]
 
-	res, err := fork.ForkCluster(ctx, rt, mustGet(t, rt, srv.ID), fork.ClusterOptions{N: 3})
+	res, err := fork.ForkCluster(ctx, rt, testutil.MustGet(t, rt, srv.ID), fork.ClusterOptions{N: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,9 +72,9 @@ func TestClusterForkKeepsLoopbackConnection(t *testing.T) {
 		}
 		t.Logf("member %s paused %.1f ms (criu frozen %.1f ms)", m.ID, m.PauseMs, m.FrozenMs)
 	}
-	clients := []*store.Container{mustGet(t, rt, cl.ID)}
+	clients := []*store.Container{testutil.MustGet(t, rt, cl.ID)}
 	for i := 0; i < 3; i++ {
-		s, c := mustGet(t, rt, res.Members[0].Forks[i].ID), mustGet(t, rt, res.Members[1].Forks[i].ID)
+		s, c := testutil.MustGet(t, rt, res.Members[0].Forks[i].ID), testutil.MustGet(t, rt, res.Members[1].Forks[i].ID)
 		if s.Cluster != s.ID || c.Cluster != s.ID {
 			t.Errorf("fork %d: clusters %q and %q, want %s", i, s.Cluster, c.Cluster, s.ID)
 		}
@@ -228,7 +228,7 @@ func TestBridgeClusterFork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv = mustGet(t, rt, srv.ID)
+	srv = testutil.MustGet(t, rt, srv.ID)
 	if cl.Cluster != srv.ID || cl.Net != container.NetBridge || cl.Addr != srv.Addr || cl.Bridge != br || hostLinkExists(cl.ID) {
 		t.Fatalf("member: cluster %q net %q addr %q (leader's %q) bridge %q; own veth %v", cl.Cluster, cl.Net, cl.Addr, srv.Addr, cl.Bridge, hostLinkExists(cl.ID))
 	}
@@ -238,7 +238,7 @@ func TestBridgeClusterFork(t *testing.T) {
 		t.Fatalf("the cluster's server from the host: %q", got)
 	}
 
-	res, err := fork.ForkCluster(ctx, rt, mustGet(t, rt, cl.ID), fork.ClusterOptions{N: 3})
+	res, err := fork.ForkCluster(ctx, rt, testutil.MustGet(t, rt, cl.ID), fork.ClusterOptions{N: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,10 +246,10 @@ func TestBridgeClusterFork(t *testing.T) {
 		t.Fatalf("%d members, %d forks", len(res.Members), len(res.Leaders))
 	}
 	leaders := []*store.Container{srv}
-	clients := []*store.Container{mustGet(t, rt, cl.ID)}
+	clients := []*store.Container{testutil.MustGet(t, rt, cl.ID)}
 	seen := map[string]string{srv.Addr: srv.ID}
 	for i := 0; i < 3; i++ {
-		s, c := mustGet(t, rt, res.Members[0].Forks[i].ID), mustGet(t, rt, res.Members[1].Forks[i].ID)
+		s, c := testutil.MustGet(t, rt, res.Members[0].Forks[i].ID), testutil.MustGet(t, rt, res.Members[1].Forks[i].ID)
 		if s.Cluster != s.ID || c.Cluster != s.ID || s.Net != container.NetBridge || c.Net != container.NetBridge {
 			t.Errorf("fork %d: clusters %q and %q (want %s), nets %q %q", i, s.Cluster, c.Cluster, s.ID, s.Net, c.Net)
 		}
@@ -352,7 +352,7 @@ func TestClusterStopStart(t *testing.T) {
 		t.Fatalf("before: %q", got)
 	}
 	ns := netnsOf(t, srv.Pid)
-	snaps, err := fork.StopCluster(ctx, rt, mustGet(t, rt, cl.ID))
+	snaps, err := fork.StopCluster(ctx, rt, testutil.MustGet(t, rt, cl.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +360,7 @@ func TestClusterStopStart(t *testing.T) {
 		t.Fatalf("snapshots %+v", snaps)
 	}
 	for _, id := range []string{srv.ID, cl.ID} {
-		if c := mustGet(t, rt, id); c.State != store.StateStopped || rt.State(c) != store.StateStopped || c.Snapshot == "" {
+		if c := testutil.MustGet(t, rt, id); c.State != store.StateStopped || rt.State(c) != store.StateStopped || c.Snapshot == "" {
 			t.Errorf("%s after the stop: record %s, live %s, snapshot %q", id, c.State, rt.State(c), c.Snapshot)
 		}
 	}
@@ -372,13 +372,13 @@ func TestClusterStopStart(t *testing.T) {
 		t.Fatalf("after the stop: namespace %s held by %v; veth there: %v", ns, netnsHolders(ns), hostLinkExists(srv.ID))
 	}
 	n := len(lines(cl))
-	if err := fork.Start(ctx, rt, mustGet(t, rt, cl.ID)); err == nil || !strings.Contains(err.Error(), "start the cluster") {
+	if err := fork.Start(ctx, rt, testutil.MustGet(t, rt, cl.ID)); err == nil || !strings.Contains(err.Error(), "start the cluster") {
 		t.Errorf("start of one member: %v", err)
 	}
-	if err := fork.StartCluster(ctx, rt, mustGet(t, rt, srv.ID)); err != nil {
+	if err := fork.StartCluster(ctx, rt, testutil.MustGet(t, rt, srv.ID)); err != nil {
 		t.Fatal(err)
 	}
-	s, c := mustGet(t, rt, srv.ID), mustGet(t, rt, cl.ID)
+	s, c := testutil.MustGet(t, rt, srv.ID), testutil.MustGet(t, rt, cl.ID)
 	if rt.State(s) != store.StateRunning || rt.State(c) != store.StateRunning || netnsOf(t, s.Pid) != netnsOf(t, c.Pid) || s.Addr != c.Addr {
 		t.Fatalf("after the start: %s %s, namespaces %s %s, addresses %s %s", rt.State(s), rt.State(c), netnsOf(t, s.Pid), netnsOf(t, c.Pid), s.Addr, c.Addr)
 	}

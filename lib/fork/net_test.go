@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/container"
-	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
@@ -44,7 +43,7 @@ func TestForkServerWithItsOwnNetwork(t *testing.T) {
 		t.Fatalf("the container sees interfaces %q, want only lo", l[len(l)-1])
 	}
 	forks := doFork(t, rt, src, 2)
-	for _, f := range append(forks, mustGet(t, rt, src.ID)) {
+	for _, f := range append(forks, testutil.MustGet(t, rt, src.ID)) {
 		f := f
 		n := len(lines(f))
 		testutil.Eventually(t, 10*time.Second, f.ID+"'s pair to go on talking", func() bool { return len(lines(f)) > n+5 })
@@ -76,13 +75,4 @@ func TestNetHost(t *testing.T) {
 	if _, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Net: "wifi", Command: []string{"true"}}); err == nil || !strings.Contains(err.Error(), "use none") {
 		t.Errorf("unknown mode: %v", err)
 	}
-}
-
-func mustGet(t *testing.T, rt *container.Runtime, id string) *store.Container {
-	t.Helper()
-	c, err := rt.Containers.Get(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }

@@ -25,13 +25,7 @@ func TestKilledTreeForkMidSwap(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create tree: %v", err)
 	}
-	t.Cleanup(func() {
-		if _, err := os.Stat(tr.Dir()); err == nil {
-			if _, _, err := m.Prune(ctx, tr.ID, tr.Root); err != nil {
-				t.Errorf("cleanup prune: %v", err)
-			}
-		}
-	})
+	testutil.PruneAtEnd(t, m, tr)
 	treeCg, err := cgroup.LoadOwned(tr.Cgroup)
 	if err != nil {
 		t.Fatal(err)

@@ -54,7 +54,7 @@ time.sleep(1000000)
 
 func logOf(t *testing.T, rt *container.Runtime, id string) []string {
 	t.Helper()
-	b, _ := os.ReadFile(container.LogPath(mustGet(t, rt, id)))
+	b, _ := os.ReadFile(container.LogPath(testutil.MustGet(t, rt, id)))
 	return strings.Split(strings.TrimSpace(string(b)), "\n")
 }
 
@@ -112,19 +112,13 @@ func TestClusterNode(t *testing.T) {
 	if err != nil {
 		t.Fatalf("adopt: %v", err)
 	}
-	t.Cleanup(func() {
-		if _, err := os.Stat(tr.Dir()); err == nil {
-			if _, _, err := m.Prune(ctx, tr.ID, tr.Root); err != nil {
-				t.Errorf("cleanup prune: %v", err)
-			}
-		}
-	})
+	testutil.PruneAtEnd(t, m, tr)
 	root := nodeOf(t, tr, srv.ID)
 	if tr.Root != srv.ID || root.Kind != snaptree.NodeKindCluster || root.Members != 2 || strings.Join(root.MemberIDs, ",") != srv.ID+","+cl.ID || root.HasKeyframe {
 		t.Fatalf("root node: %+v", root)
 	}
 	for _, id := range root.MemberIDs {
-		for k, p := range mustGet(t, rt, id).Cgroup {
+		for k, p := range testutil.MustGet(t, rt, id).Cgroup {
 			if !strings.HasPrefix(p, tr.Cgroup[k]+"/") {
 				t.Errorf("member %s's cgroup %s:%s is not inside the tree's %s", id, k, p, tr.Cgroup[k])
 			}
@@ -150,7 +144,7 @@ func TestClusterNode(t *testing.T) {
 		if f.Kind != snaptree.NodeKindCluster || f.Members != 2 || len(f.MemberIDs) != 2 || f.Parent != srv.ID || f.MemberIDs[0] != f.ID {
 			t.Fatalf("fork node: %+v", f)
 		}
-		if c := mustGet(t, rt, f.MemberIDs[1]); c.Cluster != f.ID || c.Parent != cl.ID {
+		if c := testutil.MustGet(t, rt, f.MemberIDs[1]); c.Cluster != f.ID || c.Parent != cl.ID {
 			t.Errorf("fork %s's client: cluster %q parent %q", f.ID, c.Cluster, c.Parent)
 		}
 		talking(t, rt, f.MemberIDs[1], port)
@@ -190,7 +184,7 @@ func TestClusterNode(t *testing.T) {
 	if n := nodeOf(t, tr, a.ID); n.State != snaptree.StateLive || len(n.Packed) != 0 || memberStates(rt, a.MemberIDs) != "running,running" {
 		t.Fatalf("resumed node: %s, %d packed, members %s", n.State, len(n.Packed), memberStates(rt, a.MemberIDs))
 	}
-	ca, sa := mustGet(t, rt, a.MemberIDs[1]), mustGet(t, rt, a.MemberIDs[0])
+	ca, sa := testutil.MustGet(t, rt, a.MemberIDs[1]), testutil.MustGet(t, rt, a.MemberIDs[0])
 	if ca.Cluster != a.ID || sa.Pid == 0 {
 		t.Fatalf("resumed members: %+v %+v", ca, sa)
 	}

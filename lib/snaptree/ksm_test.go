@@ -1,7 +1,6 @@
 package snaptree_test
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -16,7 +15,7 @@ import (
 // mergeable counts the VMAs of node id's processes whose VmFlags carry mg.
 func mergeable(t *testing.T, rt *container.Runtime, id string) int {
 	t.Helper()
-	cg, err := cgroup.LoadOwned(cgroup.Paths(mustGet(t, rt, id).Cgroup))
+	cg, err := cgroup.LoadOwned(cgroup.Paths(testutil.MustGet(t, rt, id).Cgroup))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,14 +36,8 @@ func TestKSMTree(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create a ksm tree: %v", err)
 	}
-	t.Cleanup(func() {
-		if _, err := os.Stat(tr.Dir()); err == nil {
-			if _, _, err := m.Prune(ctx, tr.ID, tr.Root); err != nil {
-				t.Errorf("cleanup prune: %v", err)
-			}
-		}
-	})
-	c := mustGet(t, rt, tr.Root)
+	testutil.PruneAtEnd(t, m, tr)
+	c := testutil.MustGet(t, rt, tr.Root)
 	testutil.Eventually(t, 20*time.Second, "root program ready", func() bool {
 		res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: 10 * time.Second})
 		return err == nil && res.ExitCode == 0

@@ -88,7 +88,7 @@ func query(t *testing.T, rt *container.Runtime, id string) (string, int) {
 // dirty makes a node's program write 8 MiB of its heap.
 func dirty(t *testing.T, rt *container.Runtime, id string) {
 	t.Helper()
-	res, err := rt.Exec(ctx, mustGet(t, rt, id), container.ExecOptions{Args: []string{"sh", "-c",
+	res, err := rt.Exec(ctx, testutil.MustGet(t, rt, id), container.ExecOptions{Args: []string{"sh", "-c",
 		fmt.Sprintf(`rm -f /tmp/d; kill -USR2 1; for i in $(seq %d); do [ -f /tmp/d ] && exit 0; sleep 0.05; done; exit 1`, waitLoops())}, Timeout: execTimeout()})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("dirty %s: %v %+v", id, err, res)
@@ -117,14 +117,7 @@ func newTree(t *testing.T, b *snaptree.Budget) (*container.Runtime, *snaptree.Ma
 	if err != nil {
 		t.Fatalf("create tree: %v", err)
 	}
-	t.Cleanup(func() {
-		// Prune the whole tree (the runtime's own cleanup then finds nothing left).
-		if _, err := os.Stat(tr.Dir()); err == nil {
-			if _, _, err := m.Prune(ctx, tr.ID, tr.Root); err != nil {
-				t.Errorf("cleanup prune: %v", err)
-			}
-		}
-	})
+	testutil.PruneAtEnd(t, m, tr)
 	c, _ := rt.Containers.Get(tr.Root)
 	testutil.Eventually(t, 20*time.Second, "root program ready", func() bool {
 		res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"test", "-f", "/tmp/ready"}, Timeout: execTimeout()})
@@ -242,7 +235,7 @@ func TestTreeOperations(t *testing.T) {
 	if ramBefore == 0 {
 		t.Fatal("a has no cgroup charge before suspend")
 	}
-	if _, err := rt.Exec(ctx, mustGet(t, rt, a), container.ExecOptions{Args: []string{"sh", "-c", "echo only-in-a > /tmp/file-a"}}); err != nil {
+	if _, err := rt.Exec(ctx, testutil.MustGet(t, rt, a), container.ExecOptions{Args: []string{"sh", "-c", "echo only-in-a > /tmp/file-a"}}); err != nil {
 		t.Fatal(err)
 	}
 	tmpBefore := tmpfsBytes()
@@ -253,7 +246,7 @@ func TestTreeOperations(t *testing.T) {
 	if sn.State != snaptree.StateSuspended || sn.DeltaBytes == 0 || sn.DirtyPages == 0 {
 		t.Fatalf("suspended node: %+v", sn)
 	}
-	ca := mustGet(t, rt, a)
+	ca := testutil.MustGet(t, rt, a)
 	if ca.State != store.StateStopped {
 		t.Fatalf("a's record is %s", ca.State)
 	}
@@ -316,7 +309,7 @@ func TestTreeOperations(t *testing.T) {
 	// A node stopped behind the tree's back (`lazyfork stop`) shows exited and resumes
 	// from the snapshot it was stopped into.
 	hb, nb := query(t, rt, bf[0].ID)
-	if _, err := fork.Stop(ctx, rt, mustGet(t, rt, bf[0].ID), hook.Options{}); err != nil {
+	if _, err := fork.Stop(ctx, rt, testutil.MustGet(t, rt, bf[0].ID), hook.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if tr, err = m.Get(ctx, tr.ID); err != nil || nodeOf(t, tr, bf[0].ID).State != snaptree.StateExited {
@@ -340,7 +333,7 @@ func TestTreeOperations(t *testing.T) {
 	// Prune a's subtree (a and aa): processes, records and packed state go; the rest
 	// of the tree keeps running.
 	tmpBeforePrune := tmpfsBytes()
-	pa, paa := mustGet(t, rt, a), mustGet(t, rt, aa[0].ID)
+	pa, paa := testutil.MustGet(t, rt, a), testutil.MustGet(t, rt, aa[0].ID)
 	pr, tr, err := m.Prune(ctx, tr.ID, a)
 	if err != nil {
 		t.Fatalf("prune: %v", err)
@@ -361,7 +354,7 @@ func TestTreeOperations(t *testing.T) {
 			}
 		}
 	}
-	if freed, err := snaptree.FreeFamily(ctx, rt, mustGet(t, rt, tr.Root).Family); err != nil || freed != 0 {
+	if freed, err := snaptree.FreeFamily(ctx, rt, testutil.MustGet(t, rt, tr.Root).Family); err != nil || freed != 0 {
 		t.Fatalf("after prune, %d bytes of memory files were still unneeded (%v)", freed, err)
 	}
 	if len(pr.Pruned) != 2 || tr.Nodes[a] != nil || tr.Nodes[aa[0].ID] != nil {
@@ -378,15 +371,6 @@ func TestTreeOperations(t *testing.T) {
 	if h, _ := query(t, rt, tr.Root); h != h0 {
 		t.Fatalf("root after prune: %s", h)
 	}
-}
-
-func mustGet(t *testing.T, rt *container.Runtime, id string) *store.Container {
-	t.Helper()
-	c, err := rt.Containers.Get(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 var _ = cgroup.Mode
@@ -501,7 +485,7 @@ func TestSuspendFreesRAMPowerCutAndPrune(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := forks[0].ID
-	if _, err := rt.Exec(ctx, mustGet(t, rt, a), container.ExecOptions{Args: []string{"sh", "-c", "echo a-was-here > /tmp/file-a"}}); err != nil {
+	if _, err := rt.Exec(ctx, testutil.MustGet(t, rt, a), container.ExecOptions{Args: []string{"sh", "-c", "echo a-was-here > /tmp/file-a"}}); err != nil {
 		t.Fatal(err)
 	}
 	hr, nr := query(t, rt, tr.Root)
@@ -673,17 +657,11 @@ func TestAdoptRollbackSuspendedDrop(t *testing.T) {
 	if err != nil {
 		t.Fatalf("adopt: %v", err)
 	}
-	t.Cleanup(func() {
-		if _, err := os.Stat(tr.Dir()); err == nil {
-			if _, _, err := m.Prune(ctx, tr.ID, tr.Root); err != nil {
-				t.Errorf("cleanup prune: %v", err)
-			}
-		}
-	})
+	testutil.PruneAtEnd(t, m, tr)
 	if tr.Root != c.ID || !nodeOf(t, tr, c.ID).HasKeyframe {
 		t.Fatalf("adopted tree: %+v", tr)
 	}
-	c = mustGet(t, rt, c.ID)
+	c = testutil.MustGet(t, rt, c.ID)
 	for k, p := range c.Cgroup {
 		if !strings.HasPrefix(p, tr.Cgroup[k]+"/") {
 			t.Fatalf("adopted container's cgroup %s:%s is not inside the tree's %s", k, p, tr.Cgroup[k])
