@@ -1095,11 +1095,14 @@ class Bench:
                 ms = self.measure(forks)
                 post = meminfo()
                 gaps = self.source_pauses(src["id"], env)
-                if extra is not None:
+                if extra == ():
                     # A fork's snapshot (and CRIU's dump.log) is gone once the fork runs: three
-                    # more dumps of the same source (lf-dump, no fork) tell the conntrack part.
+                    # more dumps of the same source (lf-dump, no fork; only what it changed since
+                    # its swap, so no heap-sized image) tell the conntrack part.
                     ct = [None] + [self.conntrack_ms(json.loads(self.run([BIN / "lf-dump", src["id"]]).stdout)["images_dir"])
                                    for _ in range(3)]
+                elif extra:
+                    ct = [None]  # --copy: as the default's (a dump of the whole heap each would only add tmpfs)
                 # A gap ends when the agent runs again: within the fork command's span.
                 pauses = [max([g for e, g in gaps if a <= e <= b + 0.05] or [None], key=lambda x: x or 0)
                           for a, b in spans]
