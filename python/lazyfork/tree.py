@@ -125,7 +125,9 @@ class Tree:
 
     def watch(self):
         """Yield {"tree": doc} (the tree as it is), then {"event": {...}} for each mutation:
-        kind, node, nodes, latency_ns, time, seq. Ends when the tree's root is pruned."""
+        kind, node, nodes, latency_ns, time, seq, and external (true for a mutation another
+        process made, e.g. `lazyfork --local tree ...`, seen by the daemon in tree.json;
+        latency_ns is then 0). Ends when the tree's root is pruned."""
         conn, resp = self.client._open("GET", self._path("watch"))
         try:
             while True:
