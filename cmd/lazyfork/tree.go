@@ -101,13 +101,9 @@ func (g *Globals) manager() (treeOps, error) {
 type treeCreateCmd struct {
 	Image   string   `arg:"" help:"Image of the root container."`
 	Command []string `arg:"" optional:"" passthrough:"" help:"Command of the root container (after --)."`
-	Name    string   `help:"Name of the tree."`
 	Root    string   `name:"root-name" help:"Name of the root container."`
-	Label   string   `help:"Label of the root node."`
 	Env     []string `short:"e" help:"Environment variable KEY=VALUE (repeatable)."`
-	KSM     bool     `name:"ksm" help:"Mark the tree's memory mergeable by KSM (same-tenant hosts only)."`
-	JSON    bool     `help:"Print the tree as JSON."`
-	budgetFlags
+	newTreeFlags
 
 	// As lazyfork create.
 	Hook       string `help:"Runtime hook socket inside the root container (see lazyfork create --help)."`
@@ -118,12 +114,23 @@ type treeCreateCmd struct {
 	Net        string `default:"none" enum:"none,host" help:"Network: none or host (see lazyfork create --help)."`
 }
 
+// newTreeFlags are what tree create and tree adopt share: the new tree's name, root
+// label, KSM and budget.
+type newTreeFlags struct {
+	Name  string `help:"Name of the tree."`
+	Label string `help:"Label of the root node."`
+	KSM   bool   `name:"ksm" help:"Mark the tree's memory mergeable by KSM (same-tenant hosts only)."`
+	JSON  bool   `help:"Print the tree as JSON."`
+	budgetFlags
+}
+
+func (f newTreeFlags) options() (snaptree.CreateOptions, error) {
+	b, err := f.budget()
+	return snaptree.CreateOptions{Name: f.Name, Budget: b, KSM: f.KSM, Label: f.Label}, err
+}
+
 func (c *treeCreateCmd) Run(ctx context.Context, g *Globals) error {
-	b, err := c.budget()
-	if err != nil {
-		return err
-	}
-	m, err := g.manager()
+	o, err := c.options()
 	if err != nil {
 		return err
 	}
@@ -131,23 +138,23 @@ func (c *treeCreateCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	t, err := m.Create(ctx, snaptree.CreateOptions{Name: c.Name, Budget: b, KSM: c.KSM, Label: c.Label,
-		Container: container.CreateOptions{Image: c.Image, Name: c.Root, Command: dashdash(c.Command), Env: c.Env, Progress: os.Stderr,
-			Hook: c.Hook, User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net}})
+	m, err := g.manager()
+	if err != nil {
+		return err
+	}
+	o.Container = container.CreateOptions{Image: c.Image, Name: c.Root, Command: dashdash(c.Command), Env: c.Env, Progress: os.Stderr,
+		Hook: c.Hook, User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net}
+	t, err := m.Create(ctx, o)
 	return printTree(t, err, c.JSON)
 }
 
 type treeAdoptCmd struct {
 	Container string `arg:"" help:"Running container (name, id or unique id prefix) to root the tree; a cluster member roots it at its whole cluster (one node of kind cluster)."`
-	Name      string `help:"Name of the tree."`
-	Label     string `help:"Label of the root node."`
-	KSM       bool   `name:"ksm" help:"Mark the tree's memory mergeable by KSM (same-tenant hosts only)."`
-	JSON      bool   `help:"Print the tree as JSON."`
-	budgetFlags
+	newTreeFlags
 }
 
 func (c *treeAdoptCmd) Run(ctx context.Context, g *Globals) error {
-	b, err := c.budget()
+	o, err := c.options()
 	if err != nil {
 		return err
 	}
@@ -155,7 +162,7 @@ func (c *treeAdoptCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	t, err := m.Adopt(ctx, c.Container, snaptree.CreateOptions{Name: c.Name, Budget: b, KSM: c.KSM, Label: c.Label})
+	t, err := m.Adopt(ctx, c.Container, o)
 	return printTree(t, err, c.JSON)
 }
 
