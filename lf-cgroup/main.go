@@ -20,6 +20,7 @@ import (
 
 type cli struct {
 	stagecmd.ExplainFlag
+	stagecmd.Roots
 	Create createCmd `cmd:"" help:"Create a new group (fails if it exists); prints it."`
 	Stats  opCmd     `cmd:"" help:"Print memory, pids and freezer state."`
 	Freeze opCmd     `cmd:"" help:"Freeze every task (bounded wait); prints the group."`

@@ -24,6 +24,7 @@ import (
 type cli struct {
 	hook.Flags
 	stagecmd.ExplainFlag
+	stagecmd.Roots
 	Container string        `arg:"" help:"Name, id or unique id prefix of a running container; - reads its record (lf-tree get's output) on stdin."`
 	Exit      bool          `help:"End the container after the dump (as lazyfork stop does)."`
 	Force     bool          `help:"Dump even if the workload maps jemalloc, mimalloc or tcmalloc."`

@@ -24,6 +24,7 @@ import (
 
 type cli struct {
 	stagecmd.ExplainFlag
+	stagecmd.Roots
 	Checkpoint string `arg:"" optional:"" help:"Snapshot id or directory, or a checkpoint (any CRIU image directory); - or nothing: snapshot JSON on stdin."`
 	FamilyDir  string `help:"Where the memory files the checkpoint maps live (default: the snapshot's family, or <checkpoint>.mem beside a raw checkpoint)."`
 	JSON       bool   `help:"Print the report as JSON instead of tables."`

@@ -17,6 +17,7 @@ import (
 
 type cli struct {
 	stagecmd.ExplainFlag
+	stagecmd.Roots
 	Snapshot      string `arg:"" optional:"" help:"Snapshot directory or id, or a raw checkpoint (any CRIU image directory); - or nothing: snapshot JSON on stdin."`
 	FamilyDir     string `help:"Raw checkpoint mode: tmpfs directory for the memory files (default: <checkpoint>.mem beside it)."`
 	MountPath     string `help:"Raw checkpoint mode: path at which the restored task sees the memory files (default: the family dir itself)."`

@@ -22,6 +22,7 @@ type layerDoc struct {
 
 type cli struct {
 	stagecmd.ExplainFlag
+	stagecmd.Roots
 	Prepare  prepareCmd  `cmd:"" help:"Create upper/work/target and mount the overlay; prints the layer."`
 	Teardown teardownCmd `cmd:"" help:"Unmount a layer and remove its upper, work and target; prints it with removed: true."`
 }

@@ -21,6 +21,7 @@ import (
 type cli struct {
 	hook.Flags
 	stagecmd.ExplainFlag
+	stagecmd.Roots
 	Snapshot string   `arg:"" optional:"" help:"Snapshot directory or id; - or nothing: snapshot JSON on stdin."`
 	N        int      `short:"n" default:"1" help:"How many forks."`
 	Name     []string `help:"Name for a fork (repeat for several)."`

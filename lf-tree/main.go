@@ -18,6 +18,7 @@ import (
 
 type cli struct {
 	stagecmd.ExplainFlag
+	stagecmd.Roots
 	Dir string `help:"Container store directory (default: $LAZYFORK_ROOT/containers)." env:"LF_STORE_DIR,LF_TREE_DIR"`
 
 	List     listCmd     `cmd:"" help:"Print every record as JSON lines."`

@@ -71,6 +71,8 @@ func main() {
 			os.Exit(code)
 		}),
 	)
+	// The roots come from the flags or the environment (kong's env tags), here only.
+	paths.Set(cli.Root, cli.Run)
 	err := kctx.Run(&cli.Globals)
 	stop()
 	if err != nil {
@@ -90,7 +92,6 @@ func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code)
 
 // open applies the globals and opens the runtime.
 func (g *Globals) open() (*container.Runtime, error) {
-	paths.Set(g.Root, g.Run) // explicit: nothing this process starts inherits them by accident
 	if os.Geteuid() != 0 {
 		return nil, errors.New("lazyfork must run as root (namespaces, mounts, cgroups, CRIU): try sudo")
 	}

@@ -168,8 +168,7 @@ func TestMemfileBadImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(run) })
-	t.Setenv("LAZYFORK_RUN", run)
-	t.Setenv("LAZYFORK_ROOT", t.TempDir())
+	testutil.SetRoots(t, t.TempDir(), run)
 	id := "s0000000000ba"
 	dir := filepath.Join(paths.Snapshots(), id)
 	s := &stage.Snapshot{Kind: stage.KindSnapshot, Version: stage.Version, ID: id, State: stage.SnapDumped,

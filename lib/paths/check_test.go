@@ -28,9 +28,15 @@ func roots(t *testing.T) (root, run string) {
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
 	root, run = filepath.Join(base, "root"), filepath.Join(base, "run")
-	t.Setenv("LAZYFORK_ROOT", root)
-	t.Setenv("LAZYFORK_RUN", run)
+	setRoots(t, root, run)
 	return root, run
+}
+
+// setRoots gives the roots as a main does (Set), and takes them back after the test.
+func setRoots(t *testing.T, root, run string) {
+	t.Helper()
+	Set(root, run)
+	t.Cleanup(func() { Set("", "") })
 }
 
 func mode(t *testing.T, p string) (uint32, uint32) {
@@ -132,7 +138,7 @@ func TestEnsureRefusesUnsafeRoots(t *testing.T) {
 			p := filepath.Join(filepath.Dir(run), "user")
 			os.Mkdir(p, 0o755)
 			os.Chown(p, 1000, 1000)
-			t.Setenv("LAZYFORK_RUN", filepath.Join(p, "run"))
+			setRoots(t, root, filepath.Join(p, "run"))
 		}, "above the state directory, is owned by uid 1000"},
 	}
 	for _, c := range cases {

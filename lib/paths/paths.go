@@ -3,40 +3,37 @@
 // memory files (they must live in RAM; see the spec).
 package paths
 
-import (
-	"os"
-	"path/filepath"
-)
+import "path/filepath"
 
-// set holds the roots a command chose (Set): the porcelain's --root and --run.
+// set holds the roots the process was given (Set).
 var set struct{ root, run string }
 
-// Set gives the state roots explicitly (call it once, before any use); "" keeps the
-// environment's or the default. Child processes that need the roots get them passed
-// (lazyfork daemon start gives them to the daemon), not through this process's env.
+// Default roots, for a process that was given none.
+const (
+	DefaultRoot = "/var/lib/lazyfork"
+	DefaultRun  = "/dev/shm/lazyfork"
+)
+
+// Set gives the state roots ("" keeps the default). Only the mains call it, with what
+// their flags or the environment say (kong's env tags: LAZYFORK_ROOT, LAZYFORK_RUN);
+// nothing in lib reads the environment for them. Child processes that need the roots
+// get them passed (lazyfork daemon start gives them to the daemon).
 func Set(root, run string) { set.root, set.run = root, run }
 
-// Root is the persistent state directory: Set's, else $LAZYFORK_ROOT, else
-// /var/lib/lazyfork.
+// Root is the persistent state directory: Set's, else DefaultRoot.
 func Root() string {
 	if set.root != "" {
 		return filepath.Clean(set.root)
 	}
-	if r := os.Getenv("LAZYFORK_ROOT"); r != "" {
-		return filepath.Clean(r)
-	}
-	return "/var/lib/lazyfork"
+	return DefaultRoot
 }
 
-// Run is the tmpfs state directory: Set's, else $LAZYFORK_RUN, else /dev/shm/lazyfork.
+// Run is the tmpfs state directory: Set's, else DefaultRun.
 func Run() string {
 	if set.run != "" {
 		return filepath.Clean(set.run)
 	}
-	if r := os.Getenv("LAZYFORK_RUN"); r != "" {
-		return filepath.Clean(r)
-	}
-	return "/dev/shm/lazyfork"
+	return DefaultRun
 }
 
 func Images() string     { return filepath.Join(Root(), "images") }

@@ -84,10 +84,9 @@ func TestWithinSymlinkedRoot(t *testing.T) {
 	}
 }
 
-func TestStateRootsFollowEnv(t *testing.T) {
+func TestStateRootsFollowSet(t *testing.T) {
 	root, run := t.TempDir(), t.TempDir()
-	t.Setenv("LAZYFORK_ROOT", root)
-	t.Setenv("LAZYFORK_RUN", run)
+	setRoots(t, root, run)
 	for _, p := range []string{Layers() + "/s1", Families() + "/f", Snapshots() + "/s", Containers() + "/c/upper"} {
 		if _, err := InState(p); err != nil {
 			t.Errorf("InState(%s): %v", p, err)

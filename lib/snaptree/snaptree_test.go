@@ -582,8 +582,7 @@ func tmpfsFiles(t *testing.T) []string {
 // anything is touched.
 func TestForgedTreeDocument(t *testing.T) {
 	root := t.TempDir()
-	t.Setenv("LAZYFORK_ROOT", root)
-	t.Setenv("LAZYFORK_RUN", t.TempDir())
+	testutil.SetRoots(t, root, t.TempDir())
 	id := "t0123456789ab"
 	good := func() map[string]any {
 		return map[string]any{"kind": snaptree.Kind, "version": snaptree.Version, "id": id, "root": "0123456789ab",

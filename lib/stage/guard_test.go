@@ -13,8 +13,8 @@ import (
 
 func roots(t *testing.T) {
 	t.Helper()
-	t.Setenv("LAZYFORK_ROOT", t.TempDir())
-	t.Setenv("LAZYFORK_RUN", t.TempDir())
+	paths.Set(t.TempDir(), t.TempDir()) // as a main would
+	t.Cleanup(func() { paths.Set("", "") })
 	t.Setenv("LAZYFORK_CGROUP_PARENT", "")
 }
 

@@ -64,8 +64,22 @@ func Parse(cli any, name, purpose, example string, opts ...kong.Option) *kong.Co
 		}
 		os.Exit(code)
 	})}, opts...)
-	return kong.Parse(cli, opts...)
+	kctx := kong.Parse(cli, opts...)
+	if r, ok := cli.(interface{ stateRoots() *Roots }); ok {
+		paths.Set(r.stateRoots().Root, r.stateRoots().Run)
+	}
+	return kctx
 }
+
+// Roots are the state roots, which every stage embeds in its command line: flags, or
+// the operator's environment. This is the one place they are read from it; lib/paths
+// gets them by paths.Set.
+type Roots struct {
+	Root string `name:"root" help:"Persistent state directory." env:"LAZYFORK_ROOT" default:"/var/lib/lazyfork"`
+	Run  string `name:"run" help:"State directory on tmpfs (snapshots, memory files)." env:"LAZYFORK_RUN" default:"/dev/shm/lazyfork"`
+}
+
+func (r *Roots) stateRoots() *Roots { return r }
 
 // ExitHelp is the exit status table as --help shows it.
 const ExitHelp = "Exit status: 0 done, 1 failed, 2 usage, 3 not found, 4 invalid state, 5 busy."

@@ -12,6 +12,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/image"
+	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil/priv"
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
@@ -36,6 +37,21 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// The test binary is a main too: the roots its environment names (make test, a CI job)
+// reach lib/paths the way a main's flags do.
+func init() { paths.Set(os.Getenv("LAZYFORK_ROOT"), os.Getenv("LAZYFORK_RUN")) }
+
+// SetRoots gives a test its own state roots: lib/paths gets them (paths.Set, as a main
+// would) and so do the binaries the test runs (the environment); both are restored after.
+func SetRoots(t *testing.T, root, run string) {
+	t.Helper()
+	oldRoot, oldRun := paths.Root(), paths.Run()
+	t.Setenv("LAZYFORK_ROOT", root)
+	t.Setenv("LAZYFORK_RUN", run)
+	paths.Set(root, run)
+	t.Cleanup(func() { paths.Set(oldRoot, oldRun) })
 }
 
 // DefaultImage is the offline image `make image` builds; privileged tests run on it.
@@ -68,8 +84,7 @@ func NewRuntime(t *testing.T) *container.Runtime {
 	if err := os.Symlink(filepath.Join(imageRoot, "images"), filepath.Join(root, "images")); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("LAZYFORK_RUN", run)
-	t.Setenv("LAZYFORK_ROOT", root)
+	SetRoots(t, root, run)
 	ts, err := store.Open(filepath.Join(root, "containers"))
 	if err != nil {
 		t.Fatal(err)
