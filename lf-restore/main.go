@@ -22,6 +22,7 @@ type cli struct {
 	hook.Flags
 	stagecmd.ExplainFlag
 	stagecmd.Roots
+	stagecmd.Host
 	Snapshot string   `arg:"" optional:"" help:"Snapshot directory or id; - or nothing: snapshot JSON on stdin."`
 	N        int      `short:"n" default:"1" help:"How many forks."`
 	Name     []string `help:"Name for a fork (repeat for several)."`
@@ -41,7 +42,7 @@ func main() {
 }
 
 func run(ctx context.Context, c cli) error {
-	rt, err := container.Open()
+	rt, err := container.Open(container.Config{CgroupParent: c.CgroupParent, Bridge: c.Bridge, Subnet: c.Subnet})
 	if err != nil {
 		return err
 	}

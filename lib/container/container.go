@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/confine"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
@@ -27,7 +29,6 @@ import (
 	"github.com/lazyfork/lazyfork/lib/procfs"
 	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/undo"
-	"golang.org/x/sync/errgroup"
 )
 
 // Runtime bundles the stores a command needs.
@@ -37,13 +38,22 @@ type Runtime struct {
 	CgroupParent string // "" = under the caller's own cgroup
 	// Exe is the binary re-executed as the container set-up helper (default: this one).
 	Exe string
-	// Network is where bridge-mode containers are attached; zero fields mean
-	// LAZYFORK_BRIDGE and LAZYFORK_SUBNET, else the defaults (lib/network).
+	// Network is where bridge-mode containers are attached; zero fields mean the
+	// defaults (lib/network).
 	Network network.Config
 }
 
-// Open opens the default stores under paths.Root().
-func Open() (*Runtime, error) {
+// Config is the operator's settings a Runtime works with. The mains read them from
+// their flags or the environment (LAZYFORK_CGROUP_PARENT, LAZYFORK_BRIDGE,
+// LAZYFORK_SUBNET); nothing in lib reads the environment for them.
+type Config struct {
+	CgroupParent string // "" = under the caller's own cgroup
+	Bridge       string // bridge of bridge-mode containers; "" = network.DefaultBridge
+	Subnet       string // their IPv4 network; "" = network.DefaultSubnet
+}
+
+// Open opens the stores under paths.Root() with the operator's settings.
+func Open(cfg Config) (*Runtime, error) {
 	t, err := store.Open(paths.Containers())
 	if err != nil {
 		return nil, err
@@ -52,7 +62,8 @@ func Open() (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{Containers: t, Images: im, CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT"), Network: network.FromEnv()}, nil
+	return &Runtime{Containers: t, Images: im, CgroupParent: cfg.CgroupParent,
+		Network: network.Config{Bridge: cfg.Bridge, Subnet: cfg.Subnet}}, nil
 }
 
 // CreateOptions are the user's choices for a new container.

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"regexp"
 )
 
@@ -22,29 +21,17 @@ const (
 // ErrBadConfig is wrapped by every refusal of a setting.
 var ErrBadConfig = errors.New("bad network setting")
 
-// Config is where bridge-mode containers are attached. A zero field means the
-// environment's setting, else the default.
+// Config is where bridge-mode containers are attached. A zero field means the default.
+// The mains fill it from LAZYFORK_BRIDGE and LAZYFORK_SUBNET.
 type Config struct {
 	Bridge string // host bridge name: lfbr followed by up to 11 of [a-z0-9]
 	Subnet string // IPv4 network in CIDR form; the bridge holds its first address
 }
 
-// FromEnv is the configuration the environment gives.
-func FromEnv() Config {
-	return Config{Bridge: os.Getenv("LAZYFORK_BRIDGE"), Subnet: os.Getenv("LAZYFORK_SUBNET")}
-}
-
-// WithDefaults fills empty fields from the environment, then from the defaults.
+// WithDefaults fills empty fields from the defaults.
 func (c Config) WithDefaults() Config {
-	env := FromEnv()
-	if c.Bridge == "" {
-		c.Bridge = env.Bridge
-	}
 	if c.Bridge == "" {
 		c.Bridge = DefaultBridge
-	}
-	if c.Subnet == "" {
-		c.Subnet = env.Subnet
 	}
 	if c.Subnet == "" {
 		c.Subnet = DefaultSubnet

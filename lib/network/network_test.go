@@ -74,9 +74,12 @@ func TestSettings(t *testing.T) {
 	if HostLink("0123456789ab") != "lfv0123456789ab" || len(HostLink("0123456789ab")) > 15 {
 		t.Errorf("host link %q", HostLink("0123456789ab"))
 	}
+	// The environment is the mains' to read (kong env tags), never this package's.
 	t.Setenv("LAZYFORK_BRIDGE", "lfbrenv")
-	t.Setenv("LAZYFORK_SUBNET", "")
-	if c := (Config{}).WithDefaults(); c.Bridge != "lfbrenv" || c.Subnet != DefaultSubnet {
+	if c := (Config{}).WithDefaults(); c.Bridge != DefaultBridge || c.Subnet != DefaultSubnet {
 		t.Errorf("defaults %+v", c)
+	}
+	if c := (Config{Bridge: "lfbrx"}).WithDefaults(); c.Bridge != "lfbrx" || c.Subnet != DefaultSubnet {
+		t.Errorf("explicit bridge %+v", c)
 	}
 }
