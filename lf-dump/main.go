@@ -25,7 +25,7 @@ type cli struct {
 	hook.Flags
 	stagecmd.ExplainFlag
 	stagecmd.Roots
-	stagecmd.Host
+	container.Config
 	Container string        `arg:"" help:"Name, id or unique id prefix of a running container; - reads its record (lf-tree get's output) on stdin."`
 	Exit      bool          `help:"End the container after the dump (as lazyfork stop does)."`
 	Force     bool          `help:"Dump even if the workload maps jemalloc, mimalloc or tcmalloc."`
@@ -41,7 +41,7 @@ func main() {
 }
 
 func run(ctx context.Context, c cli) error {
-	rt, err := container.Open(container.Config{CgroupParent: c.CgroupParent, Bridge: c.Bridge, Subnet: c.Subnet})
+	rt, err := container.Open(c.Config)
 	if err != nil {
 		return err
 	}

@@ -22,12 +22,12 @@ type cli struct {
 	hook.Flags
 	stagecmd.ExplainFlag
 	stagecmd.Roots
-	stagecmd.Host
+	container.Config
 	Snapshot string   `arg:"" optional:"" help:"Snapshot directory or id; - or nothing: snapshot JSON on stdin."`
 	N        int      `short:"n" default:"1" help:"How many forks."`
 	Name     []string `help:"Name for a fork (repeat for several)."`
 	Parallel int      `help:"Concurrent restores (default: number of CPUs)."`
-	Rm       bool     `help:"Remove the snapshot's image afterwards (memory files and layers stay while forks use them)."`
+	Rm       bool     `help:"Remove the snapshot and its checkpoint afterwards (memory files and layers stay while forks use them)."`
 	// For comparison (bench/): the restore path LazyFork used before the criu service.
 	PerForkCriu bool `help:"Start a criu (swrk) per fork instead of serving the batch from one criu service (slower)."`
 	Progress    bool `help:"As each fork starts running, write its lazyfork.fork JSON line on stderr (for monitors such as bench/; stdout still gets the whole batch once it stands)."`
@@ -42,7 +42,7 @@ func main() {
 }
 
 func run(ctx context.Context, c cli) error {
-	rt, err := container.Open(container.Config{CgroupParent: c.CgroupParent, Bridge: c.Bridge, Subnet: c.Subnet})
+	rt, err := container.Open(c.Config)
 	if err != nil {
 		return err
 	}

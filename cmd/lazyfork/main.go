@@ -20,13 +20,11 @@ import (
 
 // Globals are shared by every command; env vars configure them too.
 type Globals struct {
-	Root         string `help:"Persistent state directory." env:"LAZYFORK_ROOT" default:"/var/lib/lazyfork"`
-	Run          string `help:"State directory on tmpfs (snapshots, memory files)." env:"LAZYFORK_RUN" default:"/dev/shm/lazyfork"`
-	CgroupParent string `help:"Parent cgroup path for containers (default: lazyfork/ under this process's cgroup on v1, /lazyfork on v2; README, State on disk)." env:"LAZYFORK_CGROUP_PARENT"`
-	Bridge       string `help:"Host bridge of bridge-mode containers (default lfbr0)." env:"LAZYFORK_BRIDGE"`
-	Subnet       string `help:"IPv4 network of bridge-mode containers (default 10.88.0.0/16)." env:"LAZYFORK_SUBNET"`
-	Socket       string `help:"Unix socket of the daemon; commands go through it when a daemon answers there." env:"LAZYFORK_SOCKET" default:"/run/lazyfork/lazyfork.sock"`
-	Local        bool   `help:"Run in this process even if a daemon is running." env:"LAZYFORK_LOCAL"`
+	Root string `help:"Persistent state directory." env:"LAZYFORK_ROOT" default:"/var/lib/lazyfork"`
+	Run  string `help:"State directory on tmpfs (snapshots, memory files)." env:"LAZYFORK_RUN" default:"/dev/shm/lazyfork"`
+	container.Config
+	Socket string `help:"Unix socket of the daemon; commands go through it when a daemon answers there." env:"LAZYFORK_SOCKET" default:"/run/lazyfork/lazyfork.sock"`
+	Local  bool   `help:"Run in this process even if a daemon is running." env:"LAZYFORK_LOCAL"`
 }
 
 type CLI struct {
@@ -100,5 +98,5 @@ func (g *Globals) open() (*container.Runtime, error) {
 	if err := paths.Ensure(); err != nil {
 		return nil, err
 	}
-	return container.Open(container.Config{CgroupParent: g.CgroupParent, Bridge: g.Bridge, Subnet: g.Subnet})
+	return container.Open(g.Config)
 }

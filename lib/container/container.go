@@ -43,13 +43,13 @@ type Runtime struct {
 	Network network.Config
 }
 
-// Config is the operator's settings a Runtime works with. The mains read them from
-// their flags or the environment (LAZYFORK_CGROUP_PARENT, LAZYFORK_BRIDGE,
-// LAZYFORK_SUBNET); nothing in lib reads the environment for them.
+// Config is the operator's settings a Runtime works with. The commands that make or
+// dump containers embed it in their command lines, so kong reads them from the flags or
+// the environment in the main; nothing in lib reads the environment for them.
 type Config struct {
-	CgroupParent string // "" = under the caller's own cgroup
-	Bridge       string // bridge of bridge-mode containers; "" = network.DefaultBridge
-	Subnet       string // their IPv4 network; "" = network.DefaultSubnet
+	CgroupParent string `help:"Parent cgroup path for containers (default: lazyfork/ under this process's cgroup on v1, /lazyfork on v2; README, State on disk)." env:"LAZYFORK_CGROUP_PARENT"`
+	Bridge       string `help:"Host bridge of bridge-mode containers (default lfbr0)." env:"LAZYFORK_BRIDGE"`
+	Subnet       string `help:"IPv4 network of bridge-mode containers (default 10.88.0.0/16)." env:"LAZYFORK_SUBNET"`
 }
 
 // Open opens the stores under paths.Root() with the operator's settings.

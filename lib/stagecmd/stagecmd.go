@@ -81,14 +81,6 @@ type Roots struct {
 
 func (r *Roots) stateRoots() *Roots { return r }
 
-// Host is the operator's settings of the stages that make or dump containers (lf-dump,
-// lf-restore), read here from flags or the environment and handed to container.Open.
-type Host struct {
-	CgroupParent string `help:"Parent cgroup path for containers (default: lazyfork/ under this process's cgroup on v1, /lazyfork on v2)." env:"LAZYFORK_CGROUP_PARENT"`
-	Bridge       string `help:"Host bridge of bridge-mode containers (default lfbr0)." env:"LAZYFORK_BRIDGE"`
-	Subnet       string `help:"IPv4 network of bridge-mode containers (default 10.88.0.0/16)." env:"LAZYFORK_SUBNET"`
-}
-
 // ExitHelp is the exit status table as --help shows it.
 const ExitHelp = "Exit status: 0 done, 1 failed, 2 usage, 3 not found, 4 invalid state, 5 busy."
 
