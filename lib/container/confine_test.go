@@ -16,6 +16,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/image"
+	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
@@ -70,7 +71,7 @@ func symImage(t *testing.T, user string, entries ...entry) string {
 func ownImageRuntime(t *testing.T) *container.Runtime {
 	t.Helper()
 	rt := testutil.NewRuntime(t)
-	dir := filepath.Join(os.Getenv("LAZYFORK_ROOT"), "images")
+	dir := filepath.Join(paths.Root(), "images")
 	if fi, err := os.Lstat(dir); err == nil && fi.Mode()&os.ModeSymlink != 0 {
 		if err := os.Remove(dir); err != nil {
 			t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
@@ -211,7 +212,7 @@ func TestBadInputLeavesNothing(t *testing.T) {
 func snapshotHost(t *testing.T, rt *container.Runtime) string {
 	t.Helper()
 	recs, _ := os.ReadDir(rt.Containers.Dir)
-	mem, _ := os.ReadDir(filepath.Join(os.Getenv("LAZYFORK_RUN"), "mem"))
+	mem, _ := os.ReadDir(filepath.Join(paths.Run(), "mem"))
 	mounts := fsutil.MountsUnder(rt.Containers.Dir)
 	return strings.Join([]string{strconv.Itoa(len(recs)), strconv.Itoa(len(mem)), strconv.Itoa(len(mounts)), strconv.Itoa(countCgroups())}, "/")
 }
