@@ -181,6 +181,9 @@ func Start(ctx context.Context, rt *container.Runtime, c *store.Container) error
 	if err != nil {
 		return fmt.Errorf("start %s: %w", c.Display(), err)
 	}
+	if s.SharedNetNS && c.Cluster != "" {
+		return startWithCluster(ctx, rt, c)
+	}
 	if err := resume(ctx, rt, c, s); err != nil {
 		return err
 	}
@@ -188,10 +191,39 @@ func Start(ctx context.Context, rt *container.Runtime, c *store.Container) error
 	return Collect(rt)
 }
 
+// startWithCluster starts the cluster c was stopped with (StopCluster: a dropped tree's
+// cluster node) as one: c's own lock is the caller's, the other members' are taken here.
+// c is updated from its record.
+func startWithCluster(ctx context.Context, rt *container.Runtime, c *store.Container) error {
+	members, err := rt.Members(c)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", c.Display(), err)
+	}
+	for _, m := range members {
+		if m.ID == c.ID {
+			continue
+		}
+		_, unlock, err := guard.Lock(ctx, rt.Containers, m.ID, 0)
+		if err != nil {
+			return fmt.Errorf("start %s: its cluster's member %s: %w", c.Display(), m.Display(), err)
+		}
+		defer unlock()
+	}
+	if err := StartCluster(ctx, rt, members[0]); err != nil {
+		return err
+	}
+	fresh, err := rt.Containers.Get(c.ID)
+	if err != nil {
+		return err
+	}
+	*c = *fresh
+	return nil
+}
+
 // resume restores stopped c from s in place. On failure c is stopped as before.
 func resume(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot) (retErr error) {
 	if s.SharedNetNS {
-		return fmt.Errorf("start %s: it was stopped with its cluster %s, whose namespace its snapshot does not hold: start the cluster (lazyfork tree resume)", c.Display(), c.Cluster)
+		return fmt.Errorf("start %s: it was stopped with its cluster %s, whose namespace its snapshot does not hold: start it with its cluster", c.Display(), c.Cluster)
 	}
 	return resumeIn(ctx, rt, c, s, "")
 }
