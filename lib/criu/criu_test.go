@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -150,14 +151,15 @@ func counts(t *testing.T, path string) []int {
 
 func waitCount(t *testing.T, path string, n int) []int {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	wait := timescale.Scale(10 * time.Second)
+	deadline := time.Now().Add(wait)
 	for {
 		c := counts(t, path)
 		if len(c) >= n {
 			return c
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d lines after 10s, want %d", path, len(c), n)
+			t.Fatalf("%s: %d lines after %s, want %d", path, len(c), wait, n)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -462,11 +464,11 @@ func TestRestoreFailureReapsRoot(t *testing.T) {
 	}
 	root := 0
 	_, err := Restore(context.Background(), RestoreOptions{
-		CheckpointDir: img, WorkDir: t.TempDir(), Timeout: time.Second,
+		CheckpointDir: img, WorkDir: t.TempDir(), Timeout: timescale.Scale(time.Second),
 		Notify: func(script string, p int) error {
 			if script == "post-restore" {
 				root = p
-				time.Sleep(1500 * time.Millisecond) // criu is killed meanwhile
+				time.Sleep(timescale.Scale(1500 * time.Millisecond)) // criu is killed meanwhile
 			}
 			return nil
 		},
