@@ -34,6 +34,7 @@ demo: setup build image
 test: setup build image vet
 	LF_REQUIRE_PRIV=1 LAZYFORK_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -p 1 ./...
 	@bash bench/run.sh --smoke
+	@bash bench/run.sh --smoke --fork-memory
 	@bash scripts/test-setup.sh
 	@bash scripts/test-install.sh
 	@bash scripts/test-wheel.sh
@@ -51,6 +52,7 @@ fork-memory: build image
 # A short run of the same benchmark that only checks it still works (CI runs it in make test).
 bench-smoke: build image
 	@bash bench/run.sh --smoke
+	@bash bench/run.sh --smoke --fork-memory
 
 vet:
 	$(GO) vet ./...

@@ -53,6 +53,9 @@ def run(b, heap, seconds, interval):
         row = dict(t_s=round(t - t0, 2), **r, memfile_bytes=s["memfile_mapped_bytes"], private_bytes=r["anonymous"])
         samples.append(row)
         time.sleep(max(0.0, t + interval - now()))
+    # What the figure is for: the fork's heap is pages of the memory files, not its own.
+    if max(r["memfile_bytes"] for r in samples) == 0:
+        raise RuntimeError(f"fork {fork['id']} maps no page of the memory files: the rewrite did not take")
     facts = dict(heap_mb=heap, fork=fork["id"], restore_ms=fork.get("restore_ms"),
                  family_bytes=b.stats(fork["id"]).get("family_bytes"), pages_moved=snap["memfile"]["pages_moved"],
                  memfiled_bytes=snap["memfile"]["bytes_written"])
