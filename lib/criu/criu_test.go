@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 
 	"github.com/lazyfork/lazyfork/lib/testutil/priv"
 	"golang.org/x/sys/unix"
@@ -457,18 +458,42 @@ func TestDumpDeadlineKillsCriu(t *testing.T) {
 // A restore that fails or times out after criu created the root task leaves nothing behind.
 func TestRestoreFailureReapsRoot(t *testing.T) {
 	requirePriv(t)
+	img := dumpedBare(t)
+	root := restoreTimedOutAfterRoot(t, img, nil)
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", root)); err == nil {
+		t.Errorf("restored root %d still exists (parent %d)", root, parentOf(root))
+	}
+	if c := criuChildren(t); len(c) != 0 {
+		t.Errorf("criu children left: %v", c)
+	}
+
+	// A restore that criu rolls back after creating the root (our child) leaves no zombie.
+	refuseEachScript(t, RestoreOptions{CheckpointDir: img}, nil)
+}
+
+// dumpedBare is a checkpoint of a bare workload, left running.
+func dumpedBare(t *testing.T) string {
+	t.Helper()
 	pid, _ := startBare(t)
 	img := t.TempDir()
 	if _, err := Dump(context.Background(), DumpOptions{Pid: pid, CheckpointDir: img, LeaveRunning: true}); err != nil {
 		t.Fatal(err)
 	}
+	return img
+}
+
+// restoreTimedOutAfterRoot restores img (through s, if any) with a deadline that runs out
+// while post-restore waits: the restore must fail with the deadline, after creating the
+// root task whose pid it returns.
+func restoreTimedOutAfterRoot(t *testing.T, img string, s *Service) int {
+	t.Helper()
 	root := 0
 	_, err := Restore(context.Background(), RestoreOptions{
-		CheckpointDir: img, WorkDir: t.TempDir(), Timeout: timescale.Scale(time.Second),
+		CheckpointDir: img, WorkDir: t.TempDir(), Timeout: timescale.Scale(time.Second), Service: s,
 		Notify: func(script string, p int) error {
 			if script == "post-restore" {
 				root = p
-				time.Sleep(timescale.Scale(1500 * time.Millisecond)) // criu is killed meanwhile
+				time.Sleep(timescale.Scale(1500 * time.Millisecond)) // criu (or the worker) is killed meanwhile
 			}
 			return nil
 		},
@@ -479,15 +504,7 @@ func TestRestoreFailureReapsRoot(t *testing.T) {
 	if root == 0 {
 		t.Fatal("no post-restore notification")
 	}
-	if _, err := os.Stat(fmt.Sprintf("/proc/%d", root)); err == nil {
-		t.Errorf("restored root %d still exists (parent %d)", root, parentOf(root))
-	}
-	if c := criuChildren(t); len(c) != 0 {
-		t.Errorf("criu children left: %v", c)
-	}
-
-	// A restore that criu rolls back after creating the root (our child) leaves no zombie.
-	refuseEachScript(t, RestoreOptions{CheckpointDir: img}, nil)
+	return root
 }
 
 // refuseEachScript restores o with the setup-namespaces, then the post-restore

@@ -3,7 +3,6 @@ package criu
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -123,28 +122,8 @@ func TestServiceRestoresContainer(t *testing.T) {
 func TestServiceFailureLeavesNothing(t *testing.T) {
 	requirePriv(t)
 	s, _ := startService(t)
-	pid, _ := startBare(t)
-	img := t.TempDir()
-	if _, err := Dump(context.Background(), DumpOptions{Pid: pid, CheckpointDir: img, LeaveRunning: true}); err != nil {
-		t.Fatal(err)
-	}
-	root := 0
-	_, err := Restore(context.Background(), RestoreOptions{
-		CheckpointDir: img, WorkDir: t.TempDir(), Timeout: timescale.Scale(time.Second), Service: s,
-		Notify: func(script string, p int) error {
-			if script == "post-restore" {
-				root = p
-				time.Sleep(timescale.Scale(1500 * time.Millisecond)) // the worker is killed meanwhile
-			}
-			return nil
-		},
-	})
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("err = %v, want deadline exceeded", err)
-	}
-	if root == 0 {
-		t.Fatal("no post-restore notification")
-	}
+	img := dumpedBare(t)
+	root := restoreTimedOutAfterRoot(t, img, s)
 	testEventually(t, func() bool { return gone(root) },
 		"restored root %d still exists", root)
 	testEventually(t, func() bool { return len(serviceWorkers(t, s)) == 0 }, "workers left: %v", serviceWorkers(t, s))
