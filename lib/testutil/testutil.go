@@ -57,7 +57,7 @@ func SetRoots(t *testing.T, root, run string) {
 // DefaultImage is the offline image `make image` builds; privileged tests run on it.
 const DefaultImage = "lazyfork/debian:bookworm"
 
-// NewRuntime gives a test its own container tree, tmpfs state and persistent root, while
+// NewRuntime gives a test its own container store, tmpfs state and persistent root, while
 // sharing the machine's image store (the default image is built by `make image`).
 // Every container left at the end is deleted and the test fails if anything remains.
 func NewRuntime(t *testing.T) *container.Runtime {
