@@ -32,6 +32,18 @@ func testName(t *testing.T) string {
 }
 
 // cleanupGroup kills and removes c when the test ends, whatever happened.
+// newGroup creates group name under the default parent; it is killed and removed when
+// the test ends.
+func newGroup(t *testing.T, name string) *Cgroup {
+	t.Helper()
+	c, err := Create(name, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleanupGroup(t, c)
+	return c
+}
+
 func cleanupGroup(t *testing.T, c *Cgroup) {
 	t.Cleanup(func() {
 		if err := c.Kill(); err != nil {
@@ -125,11 +137,7 @@ func dirsOf(t *testing.T, c *Cgroup) []string {
 func TestLifecycle(t *testing.T) {
 	requireRoot(t)
 	name := testName(t)
-	c, err := Create(name, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cleanupGroup(t, c)
+	c := newGroup(t, name)
 	if Mode() == "hybrid" && c.V2 {
 		t.Fatalf("hybrid host with v1 memory should use v1, got v2")
 	}
@@ -245,11 +253,7 @@ func TestKillProcessTree(t *testing.T) {
 func TestCreateExistingFails(t *testing.T) {
 	requireRoot(t)
 	name := testName(t)
-	c, err := Create(name, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cleanupGroup(t, c)
+	c := newGroup(t, name)
 	if _, err := Create(name, ""); !errors.Is(err, ErrExists) {
 		t.Fatalf("second Create: %v, want ErrExists", err)
 	}
@@ -279,11 +283,7 @@ func TestDefaultParentIsOwnCgroup(t *testing.T) {
 	requireRoot(t)
 	t.Setenv(ParentEnv, "") // the product's default, whatever the test run sets
 	name := testName(t)
-	c, err := Create(name, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cleanupGroup(t, c)
+	c := newGroup(t, name)
 	f, err := HostFacts()
 	if err != nil {
 		t.Fatal(err)

@@ -203,15 +203,10 @@ func ourChildren(t *testing.T) []int {
 func criuChildren(t *testing.T) []int {
 	t.Helper()
 	var out []int
-	tasks, _ := filepath.Glob("/proc/self/task/*/children")
-	for _, f := range tasks {
-		b, _ := os.ReadFile(f)
-		for _, p := range strings.Fields(string(b)) {
-			comm, _ := os.ReadFile("/proc/" + p + "/comm")
-			if strings.TrimSpace(string(comm)) == "criu" {
-				pid, _ := strconv.Atoi(p)
-				out = append(out, pid)
-			}
+	for _, pid := range ourChildren(t) {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if strings.TrimSpace(string(comm)) == "criu" {
+			out = append(out, pid)
 		}
 	}
 	return out
