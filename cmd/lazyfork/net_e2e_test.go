@@ -78,18 +78,7 @@ func TestClusterFromTheCLI(t *testing.T) {
 	e := newEnv(t)
 	dir := t.TempDir()
 	srv := testutil.LoopbackServer
-	cl := `import socket, time, itertools
-while True:
-    try:
-        cl = socket.create_connection(("127.0.0.1", 8080))
-        break
-    except OSError:
-        time.sleep(0.1)
-for i in itertools.count():
-    cl.sendall(b"%d" % i)
-    print(cl.recv(64).decode(), flush=True)
-    time.sleep(0.1)
-`
+	cl := testutil.LoopbackClient
 	for name, prog := range map[string]string{"srv.py": srv, "cl.py": cl} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(prog), 0o644); err != nil {
 			t.Fatal(err)

@@ -119,6 +119,18 @@ func (d *testDaemon) create(name string, cmd ...string) *client.Info {
 	return in
 }
 
+// pair creates a cluster that talks over loopback: srv (testutil.LoopbackServer) and cl
+// (testutil.LoopbackClient), which joins its network namespace.
+func (d *testDaemon) pair() (srv, cl *client.Info) {
+	d.t.Helper()
+	srv = d.create("srv", "python3", "-c", testutil.LoopbackServer)
+	cl, err := d.cl.Create(bg, client.CreateRequest{Image: image, Name: "cl", Join: "srv", Command: []string{"python3", "-c", testutil.LoopbackClient}})
+	if err != nil {
+		d.t.Fatalf("create cl: %v", err)
+	}
+	return srv, cl
+}
+
 func (d *testDaemon) exec(ref string, argv ...string) string {
 	d.t.Helper()
 	res, err := d.cl.Exec(bg, ref, client.ExecRequest{Argv: argv, Timeout: 30})

@@ -50,27 +50,7 @@ func TestNetworkThroughDaemon(t *testing.T) {
 		return err == nil && strings.TrimSpace(res.Stdout) == "200"
 	})
 
-	srv := d.create("srv", "python3", "-c", `import socket, threading
-srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", 9000)); srv.listen(8)
-def serve(c):
-    while d := c.recv(64):
-        c.sendall(b"pong " + d)
-while True:
-    threading.Thread(target=serve, args=(srv.accept()[0],), daemon=True).start()
-`)
-	cl, err := d.cl.Create(bg, client.CreateRequest{Image: image, Name: "cl", Join: "srv", Command: []string{"python3", "-c", `import socket, time, itertools
-while True:
-    try:
-        c = socket.create_connection(("127.0.0.1", 9000)); break
-    except OSError:
-        time.sleep(0.1)
-for i in itertools.count():
-    c.sendall(b"%d" % i); print(c.recv(64).decode(), flush=True); time.sleep(0.1)
-`}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, cl := d.pair()
 	if cl.Cluster != srv.ID {
 		t.Fatalf("member %+v, want cluster %s", cl, srv.ID)
 	}

@@ -16,3 +16,18 @@ while True:
     c, _ = srv.accept()
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 `
+
+// LoopbackClient is LoopbackServer's client: one connection (retried until the server
+// listens), sending 0, 1, 2, ... every 0.1 s and printing each answer ("pong N") on a line.
+const LoopbackClient = `import socket, time, itertools
+while True:
+    try:
+        cl = socket.create_connection(("127.0.0.1", 8080))
+        break
+    except OSError:
+        time.sleep(0.1)
+for i in itertools.count():
+    cl.sendall(b"%d" % i)
+    print(cl.recv(64).decode(), flush=True)
+    time.sleep(0.1)
+`
