@@ -22,34 +22,13 @@ import (
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 )
 
-// loopbackClient keeps one connection to the server on 127.0.0.1:8080 and prints, per
-// round trip, its own port (which connection) and the answer.
-const loopbackClient = `import socket, time, itertools
-while True:
-    try:
-        cl = socket.create_connection(("127.0.0.1", 8080))
-        break
-    except OSError:
-        time.sleep(0.1)
-port = cl.getsockname()[1]
-for i in itertools.count():
-    cl.sendall(b"%d" % i)
-    r = cl.recv(64)
-    if not r:
-        print("closed", flush=True)
-        break
-    print(port, r.decode(), flush=True)
-    time.sleep(0.1)
-time.sleep(1000000)
-`
-
 // A server and a client in one cluster (two containers sharing a network namespace) with
 // an open TCP connection over loopback, forked 3 times as one cut: in every fork the pair
 // goes on talking over the same connection, and so does the source pair.
 func TestClusterForkKeepsLoopbackConnection(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	srv := create(t, rt, "srv", "python3", "-c", testutil.LoopbackServer)
-	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", loopbackClient}})
+	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", testutil.PortClient}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +82,7 @@ func TestClusterForkKeepsLoopbackConnection(t *testing.T) {
 func TestClusterMemberAlone(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	srv := create(t, rt, "srv", "python3", "-c", testutil.LoopbackServer)
-	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Join: srv.ID, Command: []string{"python3", "-c", loopbackClient}})
+	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Join: srv.ID, Command: []string{"python3", "-c", testutil.PortClient}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,30 +100,6 @@ func TestClusterMemberAlone(t *testing.T) {
 		t.Errorf("source client: %q", l[len(l)-1])
 	}
 }
-
-// steadyClient is loopbackClient that outlives its connection (a reset, once the server's
-// container is deleted, ends the loop, not the process).
-const steadyClient = `import socket, time, itertools
-while True:
-    try:
-        cl = socket.create_connection(("127.0.0.1", 8080))
-        break
-    except OSError:
-        time.sleep(0.1)
-port = cl.getsockname()[1]
-try:
-    for i in itertools.count():
-        cl.sendall(b"%d" % i)
-        r = cl.recv(64)
-        if not r:
-            break
-        print(port, r.decode(), flush=True)
-        time.sleep(0.1)
-except OSError:
-    pass
-print("closed", flush=True)
-time.sleep(1000000)
-`
 
 // askFromHost sends msg to addr:8080 over a socket bound to the test's bridge (nothing
 // can leave the machine) and returns the answer, retrying until deadline.
@@ -224,7 +179,7 @@ func TestBridgeClusterFork(t *testing.T) {
 			t.Errorf("join with net %q nat %v: %v", o.Net, o.NAT, err)
 		}
 	}
-	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", steadyClient}})
+	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", testutil.PortClient}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +297,7 @@ func TestClusterStopStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", loopbackClient}})
+	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", testutil.PortClient}})
 	if err != nil {
 		t.Fatal(err)
 	}

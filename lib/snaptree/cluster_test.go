@@ -31,27 +31,6 @@ while True:
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 `
 
-// pairClient keeps one connection and prints, per round trip, its own port (which
-// connection) and the answer.
-const pairClient = `import socket, time, itertools
-while True:
-    try:
-        cl = socket.create_connection(("127.0.0.1", 8080))
-        break
-    except OSError:
-        time.sleep(0.1)
-port = cl.getsockname()[1]
-while True:
-    cl.sendall(b"x")
-    r = cl.recv(64)
-    if not r:
-        print("closed", flush=True)
-        break
-    print(port, r.decode(), flush=True)
-    time.sleep(0.1)
-time.sleep(1000000)
-`
-
 func logOf(t *testing.T, rt *container.Runtime, id string) []string {
 	t.Helper()
 	b, _ := os.ReadFile(container.LogPath(testutil.MustGet(t, rt, id)))
@@ -99,7 +78,7 @@ func TestClusterNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", pairClient}})
+	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", testutil.PortClient}})
 	if err != nil {
 		t.Fatal(err)
 	}
