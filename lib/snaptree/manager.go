@@ -119,6 +119,21 @@ func (m *Manager) with(ctx context.Context, ref string, f func(o *op) error) (*T
 	return m.withDropped(ctx, ref, false, f)
 }
 
+// withNode is with for an operation on one node that answers with the node: f gets it
+// and its container's record.
+func (m *Manager) withNode(ctx context.Context, ref, node string, f func(o *op, n *Node, c *store.Container) error) (*Node, *Tree, error) {
+	var out *Node
+	t, err := m.with(ctx, ref, func(o *op) error {
+		n, c, err := o.node(node)
+		if err != nil {
+			return err
+		}
+		out = n
+		return f(o, n, c)
+	})
+	return out, t, err
+}
+
 // withDropped is with that also runs f on a dropped tree when allowed (prune).
 func (m *Manager) withDropped(ctx context.Context, ref string, allowDropped bool, f func(o *op) error) (*Tree, error) {
 	id, err := m.resolveID(ref)

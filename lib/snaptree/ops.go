@@ -8,6 +8,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/budget"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // ForkOptions tune a fork batch.
@@ -164,13 +165,7 @@ type OverBudgetError = budget.OverBudgetError
 // is); refresh writes a new generation for a node that has one. The old generation's
 // files stay while anything maps them.
 func (m *Manager) Prepare(ctx context.Context, treeRef, node string, refresh bool) (*Node, *Tree, error) {
-	var out *Node
-	t, err := m.with(ctx, treeRef, func(o *op) error {
-		n, c, err := o.node(node)
-		if err != nil {
-			return err
-		}
-		out = n
+	return m.withNode(ctx, treeRef, node, func(o *op, n *Node, c *store.Container) error {
 		if n.Kind == NodeKindCluster {
 			return invalidState("prepare %s: a cluster node has no keyframe: each fork of it takes a new cut of all %d members", n.ID, n.Members)
 		}
@@ -197,7 +192,6 @@ func (m *Manager) Prepare(ctx context.Context, treeRef, node string, refresh boo
 		o.event("prepare", n.ID)
 		return o.autoEvict()
 	})
-	return out, t, err
 }
 
 // Rollback makes a new branch: one new child of node restored from node's keyframe (its

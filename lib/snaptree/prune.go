@@ -9,17 +9,12 @@ import (
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/store"
 )
 
 // Protect sets (or clears) node's protection from eviction.
 func (m *Manager) Protect(ctx context.Context, treeRef, node string, on bool) (*Node, *Tree, error) {
-	var out *Node
-	t, err := m.with(ctx, treeRef, func(o *op) error {
-		n, _, err := o.node(node)
-		if err != nil {
-			return err
-		}
-		out = n
+	return m.withNode(ctx, treeRef, node, func(o *op, n *Node, _ *store.Container) error {
 		n.Protected = on
 		kind := "protect"
 		if !on {
@@ -28,7 +23,6 @@ func (m *Manager) Protect(ctx context.Context, treeRef, node string, on bool) (*
 		o.event(kind, n.ID)
 		return nil
 	})
-	return out, t, err
 }
 
 // PruneResult says what a prune removed.

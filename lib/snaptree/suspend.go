@@ -14,13 +14,7 @@ import (
 // Suspend stops node into a snapshot, packs it (and its keyframe) to disk with every
 // memory file it needs, and deletes from tmpfs what nothing else needs: its RAM is freed.
 func (m *Manager) Suspend(ctx context.Context, treeRef, node string) (*Node, *Tree, error) {
-	var out *Node
-	t, err := m.with(ctx, treeRef, func(o *op) error {
-		n, _, err := o.node(node)
-		if err != nil {
-			return err
-		}
-		out = n
+	return m.withNode(ctx, treeRef, node, func(o *op, n *Node, _ *store.Container) error {
 		if n.State == StateSuspended {
 			return nil
 		}
@@ -30,7 +24,6 @@ func (m *Manager) Suspend(ctx context.Context, treeRef, node string) (*Node, *Tr
 		o.event("suspend", n.ID)
 		return nil
 	})
-	return out, t, err
 }
 
 func (o *op) suspend(id string) error {
@@ -95,13 +88,7 @@ func (o *op) suspend(id string) error {
 // Resume restores a suspended node in place (same id and name) from its packed
 // snapshot, applying its whole delta, after the budget check (chain depth included).
 func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tree, error) {
-	var out *Node
-	t, err := m.with(ctx, treeRef, func(o *op) error {
-		n, c, err := o.node(node)
-		if err != nil {
-			return err
-		}
-		out = n
+	return m.withNode(ctx, treeRef, node, func(o *op, n *Node, c *store.Container) error {
 		if n.State == StateLive {
 			return nil
 		}
@@ -156,5 +143,4 @@ func (m *Manager) Resume(ctx context.Context, treeRef, node string) (*Node, *Tre
 		o.event("resume", n.ID)
 		return o.autoEvict()
 	})
-	return out, t, err
 }
