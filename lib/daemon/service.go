@@ -297,9 +297,18 @@ func (s *Service) Delete(ctx context.Context, ref string) error {
 // DeleteAll deletes each of refs, telling done how each went, then collects what they
 // shared once: a collection reads every record, so one per container made deleting N
 // containers cost N x N record reads. It returns the collection's error.
+// Nothing deleted, nothing to collect: a refused delete touches no state.
 func (s *Service) DeleteAll(ctx context.Context, refs []string, done func(ref string, err error)) error {
+	deleted := 0
 	for _, ref := range refs {
-		done(ref, s.deleteOne(ctx, ref))
+		err := s.deleteOne(ctx, ref)
+		if err == nil {
+			deleted++
+		}
+		done(ref, err)
+	}
+	if deleted == 0 {
+		return nil
 	}
 	return fork.Collect(s.RT)
 }
