@@ -170,8 +170,9 @@ func (s *Service) Fork(ctx context.Context, ref string, req client.ForkRequest, 
 	if err != nil {
 		return nil, err
 	}
-	if req.HookTimeout < 0 {
-		return nil, badRequest("hook_timeout must not be negative")
+	ho, err := hookOptions(req.HookOptions)
+	if err != nil {
+		return nil, err
 	}
 	c, unlock, err := guard.Lock(ctx, s.RT.Containers, ref, 0)
 	if err != nil {
@@ -180,7 +181,7 @@ func (s *Service) Fork(ctx context.Context, ref string, req client.ForkRequest, 
 	defer unlock()
 	run := context.WithoutCancel(ctx)
 	forks, snap, err := fork.Fork(run, s.RT, c, fork.Options{Force: req.Force, Share: req.Share, Copy: req.Copy, HugePages: req.HugePages,
-		RestoreOptions: fork.RestoreOptions{N: n, Names: req.Names, OnFork: onFork, Service: s.restoreService(run), Hook: hookOptions(req.HookOptions)}})
+		RestoreOptions: fork.RestoreOptions{N: n, Names: req.Names, OnFork: onFork, Service: s.restoreService(run), Hook: ho}})
 	if err != nil {
 		return nil, err
 	}
@@ -250,21 +251,26 @@ func (s *Service) undo(forks []client.Fork) {
 	_ = fork.Collect(s.RT)
 }
 
-func hookOptions(o client.HookOptions) hook.Options {
-	return hook.Options{Timeout: time.Duration(o.HookTimeout * float64(time.Second)), Force: o.HookForce}
+// hookOptions are a request's hook options, checked.
+func hookOptions(o client.HookOptions) (hook.Options, error) {
+	if o.HookTimeout < 0 {
+		return hook.Options{}, badRequest("hook_timeout must not be negative")
+	}
+	return hook.Options{Timeout: time.Duration(o.HookTimeout * float64(time.Second)), Force: o.HookForce}, nil
 }
 
 // Stop snapshots ref and ends its processes.
 func (s *Service) Stop(ctx context.Context, ref string, req client.StopRequest) (*client.Info, error) {
-	if req.HookTimeout < 0 {
-		return nil, badRequest("hook_timeout must not be negative")
+	ho, err := hookOptions(req.HookOptions)
+	if err != nil {
+		return nil, err
 	}
 	c, unlock, err := guard.Lock(ctx, s.RT.Containers, ref, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	snap, err := fork.Stop(context.WithoutCancel(ctx), s.RT, c, hookOptions(req.HookOptions))
+	snap, err := fork.Stop(context.WithoutCancel(ctx), s.RT, c, ho)
 	if err != nil {
 		return nil, err
 	}
