@@ -161,6 +161,12 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 			// sends reaches the program (zdtm file_lease02-04): a swap would do that to the
 			// source itself. A copy leaves the source as it is.
 			swap = false
+		} else if pid, _ := lossyDescriptor(cg); pid != 0 {
+			// A restore changes what these observe: fanotify marks come back other than
+			// they were (zdtm fanotify00 fails in a plain CRIU copy too), and memory under
+			// a userfaultfd is memory-file backed, where MADV_DONTNEED reads the file, not
+			// zeros (uffd-events). A swap would do that to the source; a copy does not.
+			swap = false
 		} else {
 			// Recorded before the freeze: should this process die from here on, GC finds
 			// the snapshot's owner gone and gives the source back (recoverSwap).
@@ -319,6 +325,29 @@ func breakingLease(cg *cgroup.Cgroup) bool {
 		}
 	}
 	return false
+}
+
+// lossyDescriptor returns a process of the group holding a descriptor that a restore does
+// not give back as it was (userfaultfd, fanotify), and its kind, or 0.
+func lossyDescriptor(cg *cgroup.Cgroup) (int, string) {
+	pids, err := cg.Procs()
+	if err != nil {
+		return 0, ""
+	}
+	for _, pid := range pids {
+		dir := fmt.Sprintf("/proc/%d/fd", pid)
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			switch target, _ := os.Readlink(filepath.Join(dir, e.Name())); target {
+			case "anon_inode:[userfaultfd]", "anon_inode:[fanotify]":
+				return pid, strings.TrimSuffix(strings.TrimPrefix(target, "anon_inode:["), "]")
+			}
+		}
+	}
+	return 0, ""
 }
 
 // liveAllocators looks for allocators that assume MADV_DONTNEED zero-fill in the maps of
