@@ -11,6 +11,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/guard"
+	"github.com/lazyfork/lazyfork/lib/ksm"
 	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -21,6 +22,7 @@ import (
 type ClusterOptions struct {
 	N     int  // how many forks of the whole cluster
 	Force bool // see DumpOptions.Force
+	KSM   bool // forks' memory mergeable by KSM (see Options.KSM; a ksm tree's)
 }
 
 // ForkCluster forks every member of c's cluster as one coordinated cut: all members'
@@ -33,6 +35,11 @@ type ClusterOptions struct {
 func ForkCluster(ctx context.Context, rt *container.Runtime, c *store.Container, o ClusterOptions) (_ *stage.ClusterFork, retErr error) {
 	if o.N <= 0 {
 		return nil, fmt.Errorf("fork cluster %s: -n must be at least 1", c.Display())
+	}
+	if o.KSM {
+		if err := ksm.Available(); err != nil {
+			return nil, fmt.Errorf("fork cluster %s with ksm: %w: fork without ksm", c.Display(), err)
+		}
 	}
 	k, err := takeCut(ctx, rt, c, o.Force, "fork cluster")
 	if err != nil {
@@ -54,7 +61,7 @@ func ForkCluster(ctx context.Context, rt *container.Runtime, c *store.Container,
 			PauseMs: stage.Ms(thawedAt.Sub(k.frozeAt[i])), FrozenMs: k.snaps[i].Dump.FrozenMs})
 	}
 	for i, s := range k.snaps {
-		m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force})
+		m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, KSM: o.KSM})
 		if err != nil {
 			return nil, err
 		}
@@ -201,8 +208,16 @@ func takeCut(ctx context.Context, rt *container.Runtime, c *store.Container, for
 // ended (a failed dump leaves every member running as before). Each member is then a
 // stopped record on its own snapshot (lib/fork.Stop's state); StartCluster brings them
 // back together, their connections to each other intact. snaps[i] is member i's.
-func StopCluster(ctx context.Context, rt *container.Runtime, c *store.Container) ([]*stage.Snapshot, error) {
-	k, err := takeCut(ctx, rt, c, false, "stop cluster")
+//
+// o.Force and o.KSM are as for ForkCluster (a ksm tree's cluster maps its memory files
+// mergeable once started again); o.N is not used.
+func StopCluster(ctx context.Context, rt *container.Runtime, c *store.Container, o ClusterOptions) ([]*stage.Snapshot, error) {
+	if o.KSM {
+		if err := ksm.Available(); err != nil {
+			return nil, fmt.Errorf("stop cluster %s with ksm: %w: stop it without ksm", c.Display(), err)
+		}
+	}
+	k, err := takeCut(ctx, rt, c, o.Force, "stop cluster")
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +228,7 @@ func StopCluster(ctx context.Context, rt *container.Runtime, c *store.Container)
 			errs = append(errs, fmt.Errorf("stop cluster %s: end %s: %w", k.leader().Display(), m.Display(), err))
 		}
 		s.LeftRunning, s.Owner = false, 0
-		if mf, err := Memfile(ctx, s, MemfileOptions{}); err == nil {
+		if mf, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, KSM: o.KSM}); err == nil {
 			s = mf
 		} // else the plain CRIU image still restores
 		s.LeftRunning, s.Owner = false, 0

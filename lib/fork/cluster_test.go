@@ -307,7 +307,7 @@ func TestClusterStopStart(t *testing.T) {
 		t.Fatalf("before: %q", got)
 	}
 	ns := netnsOf(t, srv.Pid)
-	snaps, err := fork.StopCluster(ctx, rt, testutil.MustGet(t, rt, cl.ID))
+	snaps, err := fork.StopCluster(ctx, rt, testutil.MustGet(t, rt, cl.ID), fork.ClusterOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func (o *op) adoptCluster(leader *store.Container, label string) (*Node, error) 
 			return nil, invalidState("adopt cluster %s: member %s is %s; every member must be running", leader.Display(), m.Display(), st)
 		}
 	}
-	snaps, err := fork.StopCluster(o.ctx, o.trt, leader)
+	snaps, err := fork.StopCluster(o.ctx, o.trt, leader, fork.ClusterOptions{KSM: o.t.KSM})
 	if err != nil {
 		return nil, fmt.Errorf("adopt cluster %s: %w", leader.Display(), err)
 	}
@@ -109,7 +109,7 @@ func (o *op) forkCluster(n *Node, leader *store.Container, fo ForkOptions) ([]*N
 		if _, err := o.clusterMembers(n, leader); err != nil {
 			return nil, err
 		}
-		res, err := fork.ForkCluster(o.ctx, o.trt, leader, fork.ClusterOptions{N: fo.N})
+		res, err := fork.ForkCluster(o.ctx, o.trt, leader, fork.ClusterOptions{N: fo.N, KSM: o.t.KSM})
 		if err != nil {
 			return nil, err
 		}
@@ -180,7 +180,7 @@ func (o *op) suspendCluster(n *Node, leader *store.Container, ram int64) error {
 	if _, err := o.clusterMembers(n, leader); err != nil {
 		return err
 	}
-	snaps, err := fork.StopCluster(o.ctx, o.trt, leader)
+	snaps, err := fork.StopCluster(o.ctx, o.trt, leader, fork.ClusterOptions{KSM: o.t.KSM})
 	if err != nil {
 		if snaps != nil {
 			n.State = StateExited // stopped, some member's record not updated: see refresh

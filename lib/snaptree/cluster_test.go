@@ -1,12 +1,14 @@
 package snaptree_test
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/container"
+	"github.com/lazyfork/lazyfork/lib/ksm"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
 	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
@@ -237,5 +239,38 @@ func TestClusterNode(t *testing.T) {
 			ids = append(ids, c.ID+":"+c.State)
 		}
 		t.Fatalf("records left after the tree was pruned: %v", ids)
+	}
+}
+
+// In a ksm tree a cluster node's forks map their memory mergeable too, every member.
+func TestKSMClusterNode(t *testing.T) {
+	if err := ksm.Available(); err != nil {
+		t.Fatal(err)
+	}
+	rt := testutil.NewRuntime(t)
+	m := &snaptree.Manager{RT: rt}
+	if _, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "srv", Command: []string{"python3", "-c", pairServer}}); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", pairClient}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, timescale.Scale(20*time.Second), "the pair to talk", func() bool { return len(logOf(t, rt, cl.ID)) > 3 })
+	tr, err := m.Adopt(ctx, "cl", snaptree.CreateOptions{KSM: true})
+	if err != nil {
+		t.Fatalf("adopt: %v", err)
+	}
+	testutil.PruneAtEnd(t, m, tr)
+	forks, _, err := m.Fork(ctx, tr.ID, tr.Root, snaptree.ForkOptions{N: 1})
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	for _, id := range forks[0].MemberIDs {
+		if n := mergeable(t, rt, id); n == 0 {
+			c := testutil.MustGet(t, rt, id)
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", c.Pid))
+			t.Errorf("member %s of the ksm tree's cluster fork maps nothing mergeable; maps:\n%s", id, b)
+		}
 	}
 }
