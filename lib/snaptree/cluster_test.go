@@ -252,7 +252,7 @@ func TestKSMClusterNode(t *testing.T) {
 	if _, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "srv", Command: []string{"python3", "-c", pairServer}}); err != nil {
 		t.Fatal(err)
 	}
-	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", pairClient}})
+	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", testutil.PortClient}})
 	if err != nil {
 		t.Fatal(err)
 	}
