@@ -38,17 +38,21 @@ if [[ -z $py && ( $smoke == 1 || $partial == 1 ) ]]; then
   echo "bench: matplotlib not installed; this run skips the plots" >&2
   py=python3
 elif [[ -z $py ]]; then
-  echo "bench: installing python3-matplotlib (apt-get) for the plots" >&2
-  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" python3-matplotlib >/dev/null 2>&1; }
-  # With CRIU from trixie (make setup) the system python3 may come from trixie while the
-  # default suite's matplotlib wants the older python3: install from python3's own suite.
-  suite=$(apt-cache policy python3 2>/dev/null | awk '/^ \*\*\*/{getline; split($3, a, "/"); print a[1]; exit}')
-  if ! apt_install && ! { [[ -n $suite && $suite != /* ]] && apt_install -t "$suite"; } &&
-     ! { apt-get update -q >/dev/null 2>&1 && { apt_install || { [[ -n $suite ]] && apt_install -t "$suite"; }; }; }; then
-    die "could not install python3-matplotlib with apt-get (try: apt-get install python3-matplotlib), then rerun"
+  # Installed only if that changes nothing else on the host: a simulated install that would
+  # upgrade any package (a newer suite in apt's sources pulls newer libraries) is refused,
+  # and the run goes on without plots.
+  upgrades=$(apt-get -s install --no-install-recommends python3-matplotlib 2>/dev/null |
+    awk '/ upgraded, /{print $1; exit}')
+  if [[ $upgrades == 0 ]]; then
+    echo "bench: installing python3-matplotlib (apt-get, nothing upgraded) for the plots" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-matplotlib >/dev/null 2>&1 ||
+      die "could not install python3-matplotlib with apt-get (try: apt-get install python3-matplotlib), then rerun"
+    py=/usr/bin/python3
+    "$py" -c 'import matplotlib' 2>/dev/null || die "python3-matplotlib installed but '$py -c \"import matplotlib\"' fails"
+  else
+    echo "bench: installing python3-matplotlib would upgrade ${upgrades:-some} host packages; this run skips the plots (install it from the host's own release to get them)" >&2
+    py=python3
   fi
-  py=/usr/bin/python3
-  "$py" -c 'import matplotlib' 2>/dev/null || die "python3-matplotlib installed but '$py -c \"import matplotlib\"' fails"
 fi
 
 export LAZYFORK_BIN=$bin
