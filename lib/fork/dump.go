@@ -275,9 +275,9 @@ func copyTree(ctx context.Context, src, dst string) error {
 	return nil
 }
 
-// unlinkedWithOtherNames finds a process of the group holding open a file whose name was
-// removed while other hard links to it remain (CRIU's "link remap" case), and its path.
-func unlinkedWithOtherNames(cg *cgroup.Cgroup) (int, string) {
+// findFd walks the open descriptors of every process of the group and returns the first
+// for which match(fd path, link target) gives a non-empty answer, with its pid, or 0.
+func findFd(cg *cgroup.Cgroup, match func(path, target string) string) (int, string) {
 	pids, err := cg.Procs()
 	if err != nil {
 		return 0, ""
@@ -289,17 +289,30 @@ func unlinkedWithOtherNames(cg *cgroup.Cgroup) (int, string) {
 			continue
 		}
 		for _, e := range ents {
-			target, err := os.Readlink(filepath.Join(dir, e.Name()))
-			if err != nil || !strings.HasPrefix(target, "/") || !strings.HasSuffix(target, " (deleted)") {
-				continue
-			}
-			var st unix.Stat_t
-			if unix.Stat(filepath.Join(dir, e.Name()), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 0 {
-				return pid, strings.TrimSuffix(target, " (deleted)")
+			path := filepath.Join(dir, e.Name())
+			if target, err := os.Readlink(path); err == nil {
+				if found := match(path, target); found != "" {
+					return pid, found
+				}
 			}
 		}
 	}
 	return 0, ""
+}
+
+// unlinkedWithOtherNames finds a process of the group holding open a file whose name was
+// removed while other hard links to it remain (CRIU's "link remap" case), and its path.
+func unlinkedWithOtherNames(cg *cgroup.Cgroup) (int, string) {
+	return findFd(cg, func(path, target string) string {
+		if !strings.HasPrefix(target, "/") || !strings.HasSuffix(target, " (deleted)") {
+			return ""
+		}
+		var st unix.Stat_t
+		if unix.Stat(path, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 0 {
+			return strings.TrimSuffix(target, " (deleted)")
+		}
+		return ""
+	})
 }
 
 // breakingLease reports whether a process of the group holds a file lease that is being
@@ -330,24 +343,13 @@ func breakingLease(cg *cgroup.Cgroup) bool {
 // lossyDescriptor returns a process of the group holding a descriptor that a restore does
 // not give back as it was (userfaultfd, fanotify), and its kind, or 0.
 func lossyDescriptor(cg *cgroup.Cgroup) (int, string) {
-	pids, err := cg.Procs()
-	if err != nil {
-		return 0, ""
-	}
-	for _, pid := range pids {
-		dir := fmt.Sprintf("/proc/%d/fd", pid)
-		ents, err := os.ReadDir(dir)
-		if err != nil {
-			continue
+	return findFd(cg, func(_, target string) string {
+		switch target {
+		case "anon_inode:[userfaultfd]", "anon_inode:[fanotify]":
+			return strings.TrimSuffix(strings.TrimPrefix(target, "anon_inode:["), "]")
 		}
-		for _, e := range ents {
-			switch target, _ := os.Readlink(filepath.Join(dir, e.Name())); target {
-			case "anon_inode:[userfaultfd]", "anon_inode:[fanotify]":
-				return pid, strings.TrimSuffix(strings.TrimPrefix(target, "anon_inode:["), "]")
-			}
-		}
-	}
-	return 0, ""
+		return ""
+	})
 }
 
 // liveAllocators looks for allocators that assume MADV_DONTNEED zero-fill in the maps of
