@@ -59,7 +59,9 @@ while True:
 // ask sends c a command and waits for its answer (the token it echoes first).
 func ask(t *testing.T, rt *container.Runtime, c *store.Container, token string, cmd ...string) string {
 	t.Helper()
-	execOut(t, rt, c, "sh", "-c", "echo "+strings.Join(append(cmd, token), " ")+" > /tmp/cmd")
+	// Written whole, then renamed: the stepper polls /tmp/cmd, and reading a file the shell
+	// has created but not yet written gave it an empty command that ended it (IndexError).
+	execOut(t, rt, c, "sh", "-c", "echo "+strings.Join(append(cmd, token), " ")+" > /tmp/cmd.tmp && mv /tmp/cmd.tmp /tmp/cmd")
 	var out string
 	testutil.Eventually(t, 30*time.Second, c.ID+" to answer "+token, func() bool {
 		out = tryExec(rt, c, "cat", "/tmp/out")
