@@ -20,33 +20,7 @@ import (
 func TestTreeClusterCLI(t *testing.T) {
 	e := newEnv(t)
 	dir := t.TempDir()
-	srv := `import socket, threading
-srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", 8080)); srv.listen(8)
-def serve(c):
-    while True:
-        d = c.recv(64)
-        if not d:
-            return
-        c.sendall(b"pong")
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-`
-	cl := `import socket, time
-while True:
-    try:
-        cl = socket.create_connection(("127.0.0.1", 8080))
-        break
-    except OSError:
-        time.sleep(0.1)
-port = cl.getsockname()[1]
-while True:
-    cl.sendall(b"x")
-    print(port, cl.recv(64).decode(), flush=True)
-    time.sleep(0.1)
-`
-	for name, prog := range map[string]string{"srv.py": srv, "cl.py": cl} {
+	for name, prog := range map[string]string{"srv.py": testutil.LoopbackServer, "cl.py": testutil.PortClient} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(prog), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -60,8 +34,9 @@ while True:
 			return 0
 		}
 		ls := strings.Split(strings.TrimSpace(out), "\n")
+		port := strings.Fields(ls[0])[0]
 		for _, l := range ls {
-			if l != ls[0] || !strings.HasSuffix(l, " pong") {
+			if f := strings.Fields(l); len(f) < 2 || f[0] != port || f[1] != "pong" {
 				t.Fatalf("%s's client: %q after %q (want one connection)", ref, l, ls[0])
 			}
 		}
