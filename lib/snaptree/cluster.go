@@ -121,26 +121,14 @@ func (o *op) forkCluster(n *Node, leader *store.Container, fo ForkOptions) ([]*N
 			forks = append(forks, fs)
 		}
 	}
-	now := time.Now().UTC()
-	n.LastActive = now
-	var out []*Node
-	var ids []string
+	kids := make([]*Node, len(forks))
 	for i, fs := range forks {
-		k := &Node{ID: fs[0].ID, Name: fs[0].Name, Parent: n.ID, State: StateLive, Kind: NodeKindCluster,
-			Members: len(fs), DirtyPages: dirty, Created: now, LastActive: now}
+		kids[i] = &Node{ID: fs[0].ID, Name: fs[0].Name, Kind: NodeKindCluster, Members: len(fs)}
 		for _, f := range fs {
-			k.MemberIDs = append(k.MemberIDs, f.ID)
+			kids[i].MemberIDs = append(kids[i].MemberIDs, f.ID)
 		}
-		if i < len(fo.Labels) {
-			k.Label = fo.Labels[i]
-		}
-		o.t.Nodes[k.ID] = k
-		out = append(out, k)
-		ids = append(ids, k.ID)
 	}
-	o.event("fork", n.ID, ids...)
-	refresh(o.t, o.m.RT)
-	return out, o.autoEvict()
+	return o.addForks(n, kids, dirty, fo.Labels)
 }
 
 // unpackCluster puts every member's suspended snapshot of cluster node n back on tmpfs,

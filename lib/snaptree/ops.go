@@ -98,23 +98,30 @@ func (o *op) fork(ref string, fo ForkOptions) ([]*Node, error) {
 			dirty = int64(s.Dump.PagesWritten)
 		}
 	}
+	kids := make([]*Node, len(forks))
+	for i, f := range forks {
+		kids[i] = &Node{ID: f.ID, Name: f.Name, Kind: NodeKind, Members: 1}
+	}
+	return o.addForks(n, kids, dirty, fo.Labels)
+}
+
+// addForks records a fork batch's new nodes as live children of n (labels in order),
+// announces them, and evicts what the budget then asks for.
+func (o *op) addForks(n *Node, kids []*Node, dirty int64, labels []string) ([]*Node, error) {
 	now := time.Now().UTC()
 	n.LastActive = now
-	var out []*Node
-	var ids []string
-	for i, f := range forks {
-		k := &Node{ID: f.ID, Name: f.Name, Parent: n.ID, State: StateLive, Kind: NodeKind, Members: 1,
-			DirtyPages: dirty, Created: now, LastActive: now}
-		if i < len(fo.Labels) {
-			k.Label = fo.Labels[i]
+	ids := make([]string, len(kids))
+	for i, k := range kids {
+		k.Parent, k.State, k.DirtyPages, k.Created, k.LastActive = n.ID, StateLive, dirty, now, now
+		if i < len(labels) {
+			k.Label = labels[i]
 		}
-		o.t.Nodes[f.ID] = k
-		out = append(out, k)
-		ids = append(ids, f.ID)
+		o.t.Nodes[k.ID] = k
+		ids[i] = k.ID
 	}
 	o.event("fork", n.ID, ids...)
 	refresh(o.t, o.m.RT)
-	return out, o.autoEvict()
+	return kids, o.autoEvict()
 }
 
 // estimate is the RAM a fork of n is expected to take: n's own charge (a fork starts
