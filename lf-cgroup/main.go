@@ -14,6 +14,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/cgroup/owned"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/stagecmd"
 )
@@ -21,6 +22,8 @@ import (
 type cli struct {
 	stagecmd.ExplainFlag
 	stagecmd.Roots
+	CgroupParent string `help:"The operator's parent cgroup path: create and --name use it without --parent, and groups directly under it count as LazyFork's (default: lazyfork under the caller's own cgroups on v1, /lazyfork on v2)." env:"LAZYFORK_CGROUP_PARENT"`
+
 	Create createCmd `cmd:"" help:"Create a new group (fails if it exists); prints it."`
 	Stats  opCmd     `cmd:"" help:"Print memory, pids and freezer state."`
 	Freeze opCmd     `cmd:"" help:"Freeze every task (bounded wait); prints the group."`
@@ -57,7 +60,7 @@ type opCmd struct {
 	Group  string `arg:"" optional:"" help:"File holding the group JSON (lf-cgroup create's output); - or nothing: stdin." placeholder:"FILE"`
 	In     string `hidden:"" help:"Same as the argument (older scripts)." placeholder:"FILE"`
 	Name   string `help:"Find the group by name (default paths) instead of reading JSON."`
-	Parent string `help:"Parent cgroup path used with --name." env:"LAZYFORK_CGROUP_PARENT"`
+	Parent string `help:"Parent cgroup path used with --name (default: --cgroup-parent)."`
 }
 
 // open loads the group only if it is one of LazyFork's (cgroup.LoadOwned): the JSON may
@@ -85,7 +88,7 @@ func (t *opCmd) open() (*cgroup.Cgroup, error) {
 
 type createCmd struct {
 	Name   string `arg:"" help:"Group name (a safe file name, e.g. the container id)."`
-	Parent string `help:"Parent cgroup path for every hierarchy (default: lazyfork under the caller's own cgroups on v1, /lazyfork on v2)." env:"LAZYFORK_CGROUP_PARENT"`
+	Parent string `help:"Parent cgroup path for every hierarchy (default: --cgroup-parent)."`
 }
 
 func (c *createCmd) Run(w io.Writer, x *stagecmd.ExplainFlag) error {
@@ -175,6 +178,7 @@ func main() {
 	kctx := stagecmd.Parse(&c, "lf-cgroup", "Create and drive LazyFork container cgroups (JSON on stdout).",
 		"lf-cgroup create c1 > cg.json\nlf-cgroup freeze --explain cg.json | lf-cgroup stats\nlf-cgroup kill cg.json | lf-cgroup remove",
 		kong.BindTo(io.Writer(os.Stdout), (*io.Writer)(nil)))
+	owned.SetParent(c.CgroupParent)
 	// Groups live under the cgroup mounts, not the state roots.
 	stagecmd.RunWithoutRoots("lf-cgroup", func(ctx context.Context) error { return kctx.Run(&c.ExplainFlag) })
 }

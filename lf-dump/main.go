@@ -13,6 +13,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/cgroup/owned"
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
@@ -41,6 +42,7 @@ func main() {
 }
 
 func run(ctx context.Context, c cli) error {
+	owned.SetParent(c.CgroupParent)
 	rt, err := container.Open(c.Config)
 	if err != nil {
 		return err

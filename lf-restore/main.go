@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/lazyfork/lazyfork/lib/cgroup/owned"
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
@@ -42,6 +43,7 @@ func main() {
 }
 
 func run(ctx context.Context, c cli) error {
+	owned.SetParent(c.CgroupParent)
 	rt, err := container.Open(c.Config)
 	if err != nil {
 		return err

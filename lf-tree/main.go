@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/lazyfork/lazyfork/lib/cgroup/owned"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/stagecmd"
@@ -20,6 +21,9 @@ type cli struct {
 	stagecmd.ExplainFlag
 	stagecmd.Roots
 	Dir string `help:"Container store directory (default: $LAZYFORK_ROOT/containers)." env:"LF_STORE_DIR,LF_TREE_DIR"`
+	// Records are checked as every binary checks them: a group directly under the
+	// operator's parent is LazyFork's too.
+	CgroupParent string `help:"The operator's parent cgroup path: records whose groups sit directly under it are accepted (as under a directory named lazyfork)." env:"LAZYFORK_CGROUP_PARENT"`
 
 	List     listCmd     `cmd:"" help:"Print every record as JSON lines."`
 	Get      getCmd      `cmd:"" help:"Print one record (name, id or unique id prefix)."`
@@ -184,6 +188,7 @@ func main() {
 	var c cli
 	kctx := stagecmd.Parse(&c, "lf-tree", "Read and write LazyFork's container store (its records) and snapshot tree documents (JSON lines on stdout).",
 		"lf-tree get c1 | lf-dump -\nlf-tree children c1 | jq -r .id\nlf-tree tree t1 | jq '.nodes[] | select(.state == \"suspended\") | .id'")
+	owned.SetParent(c.CgroupParent)
 	stagecmd.Run("lf-tree", func(ctx context.Context) error {
 		dir := c.Dir
 		if dir == "" {

@@ -73,7 +73,8 @@ func (c *daemonStartCmd) Run(ctx context.Context, g *Globals) error {
 	cmd := exec.Command(exe, "daemon", "run")
 	cmd.Env = append(os.Environ(), "LAZYFORK_ROOT="+g.Root, "LAZYFORK_RUN="+g.Run,
 		"LAZYFORK_SOCKET="+g.Socket, "LAZYFORK_CGROUP_PARENT="+g.CgroupParent, "LAZYFORK_BRIDGE="+g.Bridge,
-		"LAZYFORK_SUBNET="+g.Subnet, "LAZYFORK_GROUP="+c.Group)
+		"LAZYFORK_SUBNET="+g.Subnet, "LAZYFORK_CRIU="+g.CRIU, "LAZYFORK_MAX_LAYER_BYTES="+g.MaxLayerBytes,
+		"LAZYFORK_GROUP="+c.Group)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // outlives this terminal
 	if err := cmd.Start(); err != nil {

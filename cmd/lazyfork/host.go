@@ -14,7 +14,7 @@ type doctorCmd struct {
 }
 
 func (c *doctorCmd) Run(ctx context.Context, g *Globals) error {
-	checks := doctor.Run(ctx, g.Run)
+	checks := doctor.Run(ctx, g.Run, g.CRIU)
 	if c.JSON {
 		if err := printJSON(checks); err != nil {
 			return err

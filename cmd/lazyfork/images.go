@@ -22,11 +22,13 @@ type imageCmd struct {
 	BuildDefault imageBuildCmd  `cmd:"" name:"build-default" help:"Build the offline default image (lazyfork/debian:bookworm) with debootstrap."`
 }
 
+// openImages opens the image store as the runtime does (with the operator's size limit).
 func openImages(g *Globals) (*image.Store, error) {
-	if _, err := g.open(); err != nil {
+	rt, err := g.open()
+	if err != nil {
 		return nil, err
 	}
-	return image.Open(g.Root + "/images")
+	return rt.Images, nil
 }
 
 type imagePullCmd struct {
@@ -78,10 +80,7 @@ func (c *imageRmCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	s, err := image.Open(g.Root + "/images")
-	if err != nil {
-		return err
-	}
+	s := rt.Images
 	for _, n := range c.Names {
 		if err := s.RemoveUnused(n, func(name string, layers []string) ([]string, error) {
 			return imageUsers(rt.Containers, name, layers)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/lazyfork/lazyfork/lib/cgroup/owned"
+	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
@@ -23,7 +25,7 @@ type Globals struct {
 	Root string `help:"Persistent state directory." env:"LAZYFORK_ROOT" default:"/var/lib/lazyfork"`
 	Run  string `help:"State directory on tmpfs (snapshots, memory files)." env:"LAZYFORK_RUN" default:"/dev/shm/lazyfork"`
 	container.Config
-	Socket string `help:"Unix socket of the daemon; commands go through it when a daemon answers there." env:"LAZYFORK_SOCKET" default:"/run/lazyfork/lazyfork.sock"`
+	Socket string `help:"Unix socket of the daemon; commands go through it when a daemon answers there." env:"LAZYFORK_SOCKET" default:"${socket}"`
 	Local  bool   `help:"Run in this process even if a daemon is running." env:"LAZYFORK_LOCAL"`
 }
 
@@ -63,6 +65,7 @@ func main() {
 		kong.Name("lazyfork"),
 		kong.Description("Fork running Linux containers."),
 		kong.UsageOnError(),
+		kong.Vars{"socket": client.DefaultSocket}, // one copy of the daemon's default
 		kong.BindTo(ctx, (*context.Context)(nil)),
 		kong.Exit(func(code int) {
 			if code == 80 { // kong's status for a usage error: ours is the stages' (lib/exitcode)
@@ -71,8 +74,10 @@ func main() {
 			os.Exit(code)
 		}),
 	)
-	// The roots come from the flags or the environment (kong's env tags), here only.
+	// The roots and the operator's cgroup parent come from the flags or the environment
+	// (kong's env tags), here only.
 	paths.Set(cli.Root, cli.Run)
+	owned.SetParent(cli.CgroupParent)
 	err := kctx.Run(&cli.Globals)
 	stop()
 	if err != nil {

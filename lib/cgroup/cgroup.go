@@ -23,7 +23,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ParentEnv overrides the default parent when Create/Resolve get parent "".
+// ParentEnv names the operator's setting of the parent Create/Resolve use when given
+// parent "" (the mains read it and pass it to owned.SetParent).
 const ParentEnv = owned.ParentEnv
 
 // parentDir is the directory the default parent adds under the caller's own cgroup.
@@ -51,8 +52,8 @@ type Cgroup struct {
 
 var validName = owned.ValidName
 
-// Resolve computes the paths a group called name would have under parent ("" = $ParentEnv,
-// or else the default: `lazyfork` under the caller's own cgroups on v1, DefaultParentV2 on
+// Resolve computes the paths a group called name would have under parent ("" = the
+// operator's parent (SetParent), or else the default: `lazyfork` under the caller's own cgroups on v1, DefaultParentV2 on
 // v2) without touching the filesystem.
 func Resolve(name, parent string) (*Cgroup, error) {
 	h, err := detectHost()
@@ -71,7 +72,7 @@ func resolve(h host, v2 bool, name, parent string) (*Cgroup, error) {
 		return nil, fmt.Errorf("resolve cgroup: invalid name %q", name)
 	}
 	if parent == "" {
-		parent = os.Getenv(ParentEnv)
+		parent = owned.Parent()
 	}
 	keys := slices.Clone(v1Controllers)
 	if _, ok := h.mounts[v1Devices]; ok {

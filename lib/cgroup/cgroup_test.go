@@ -281,7 +281,7 @@ func wantDefaultParent(t *testing.T, k string) string {
 
 func TestDefaultParentIsOwnCgroup(t *testing.T) {
 	requireRoot(t)
-	t.Setenv(ParentEnv, "") // the product's default, whatever the test run sets
+	setParent(t, "") // the product's default, whatever the test run sets
 	name := testName(t)
 	c := newGroup(t, name)
 	f, err := HostFacts()
@@ -318,7 +318,7 @@ func TestParentOverride(t *testing.T) {
 	requireRoot(t)
 	top := "/" + testName(t)
 	parent := top + "/lazyfork"
-	t.Setenv(ParentEnv, parent)
+	setParent(t, parent)
 	c, err := Create(testName(t), "")
 	if err != nil {
 		t.Fatal(err)
@@ -352,7 +352,7 @@ func TestParentOverride(t *testing.T) {
 // host the controller-less /sys/fs/cgroup/unified): freezer, kill and procs are core v2.
 func TestV2Hierarchy(t *testing.T) {
 	requireRoot(t)
-	t.Setenv(ParentEnv, "")
+	setParent(t, "")
 	h, err := detectHost()
 	if err != nil {
 		t.Fatal(err)

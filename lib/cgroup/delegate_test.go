@@ -44,7 +44,7 @@ func TestV2DelegatedLeaf(t *testing.T) {
 		os.Exit(0)
 	}
 	requireRoot(t)
-	t.Setenv(ParentEnv, "")
+	setParent(t, "")
 	requireV2Controllers(t)
 	// <g> is a group of the project's own (under the default /lazyfork), so the test
 	// touches nothing it did not create.
@@ -66,7 +66,7 @@ func TestV2DelegatedLeaf(t *testing.T) {
 
 	name := testName(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestV2DelegatedLeaf$", "-test.count=1")
-	cmd.Env = append(os.Environ(), leafHelperEnv+"="+name, ParentEnv+"=")
+	cmd.Env = append(os.Environ(), leafHelperEnv+"="+name, ParentEnv+"=")   // the helper, a main, has no operator parent
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd} // born in the leaf
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -114,7 +114,7 @@ func maps1(p Paths, k, v string) bool { return len(p) == 1 && p[k] == v }
 // children on v2. Create says so and how to fix it, and leaves no directory behind.
 func TestV2BusyParentError(t *testing.T) {
 	requireRoot(t)
-	t.Setenv(ParentEnv, "")
+	setParent(t, "")
 	requireV2Controllers(t)
 	busy, err := Create(testName(t), "")
 	if err != nil {

@@ -7,7 +7,7 @@ import (
 )
 
 func TestCheckOwned(t *testing.T) {
-	t.Setenv(ParentEnv, "")
+	setParent(t, "")
 	good := []Paths{
 		{"unified": "/lazyfork/abc"},
 		{"unified": "/user.slice/session-1.scope/lazyfork/0123456789ab"},
@@ -44,8 +44,13 @@ func TestCheckOwned(t *testing.T) {
 	if _, err := LoadOwned(Paths{"unified": "/system.slice"}); !errors.Is(err, ErrForeign) {
 		t.Errorf("LoadOwned(/system.slice) = %v", err)
 	}
-	// The operator's configured parent counts, stage input cannot widen it.
+	// The environment is the mains' to read: it alone widens nothing.
 	t.Setenv(ParentEnv, "/delegated/grp")
+	if err := CheckOwned(Paths{"unified": "/delegated/grp/c1"}); err == nil {
+		t.Errorf("$%s read by the library", ParentEnv)
+	}
+	// The operator's configured parent counts, stage input cannot widen it.
+	setParent(t, "/delegated/grp")
 	if err := CheckOwned(Paths{"unified": "/delegated/grp/c1"}); err != nil {
 		t.Errorf("group under the configured parent refused: %v", err)
 	}
@@ -62,8 +67,8 @@ func TestCheckOwned(t *testing.T) {
 			t.Errorf("CheckParent(%s): %v", p, err)
 		}
 	}
-	t.Setenv(ParentEnv, "/")
+	setParent(t, "/")
 	if err := CheckOwned(Paths{"unified": "/system.slice"}); err == nil {
-		t.Errorf("LAZYFORK_CGROUP_PARENT=/ made /system.slice ours")
+		t.Errorf("operator's parent / made /system.slice ours")
 	}
 }

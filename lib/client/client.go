@@ -1,7 +1,7 @@
 // Package client is the Go client of the LazyFork daemon's HTTP/JSON API on its unix
 // socket (docs/api.md). It has the same operations as the `lazyfork` command:
 //
-//	cl := client.New("")                         // $LAZYFORK_SOCKET or /run/lazyfork/lazyfork.sock
+//	cl := client.New("")                         // SocketFromEnv: $LAZYFORK_SOCKET or /run/lazyfork/lazyfork.sock
 //	agent := cl.Container("agent")
 //	forks, err := agent.Fork(ctx, 10)
 //	defer forks.Delete(ctx)
@@ -29,9 +29,16 @@ import (
 // DefaultSocket is where `lazyfork daemon run` listens unless told otherwise.
 const DefaultSocket = "/run/lazyfork/lazyfork.sock"
 
-// SocketPath is $LAZYFORK_SOCKET, or DefaultSocket.
-func SocketPath() string {
-	if s := os.Getenv("LAZYFORK_SOCKET"); s != "" {
+// SocketEnv names the variable that points programs at another daemon's socket: the
+// lazyfork command reads it through its --socket flag, SDK programs through SocketFromEnv.
+const SocketEnv = "LAZYFORK_SOCKET"
+
+// SocketFromEnv is the socket an SDK program talks to when it names none: $LAZYFORK_SOCKET,
+// else DefaultSocket. It is the SDK's default as DOCKER_HOST is Docker's, and the one read
+// of the environment for a setting in LazyFork's lib/: everything else gets its settings
+// as explicit values from the mains' flags.
+func SocketFromEnv() string {
+	if s := os.Getenv(SocketEnv); s != "" {
 		return s
 	}
 	return DefaultSocket
@@ -43,10 +50,10 @@ type Client struct {
 	http   *http.Client
 }
 
-// New returns a client for the daemon on socket ("" means SocketPath()).
+// New returns a client for the daemon on socket; "" means SocketFromEnv().
 func New(socket string) *Client {
 	if socket == "" {
-		socket = SocketPath()
+		socket = SocketFromEnv()
 	}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

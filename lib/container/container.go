@@ -41,6 +41,9 @@ type Runtime struct {
 	// Network is where bridge-mode containers are attached; zero fields mean the
 	// defaults (lib/network).
 	Network network.Config
+	// CRIU is the operator's CRIU binary (criu.FindBinary's explicit path); "" = the
+	// private one from `make setup`, else the distribution's.
+	CRIU string
 }
 
 // Config is the operator's settings a Runtime works with. The commands that make or
@@ -50,6 +53,10 @@ type Config struct {
 	CgroupParent string `help:"Parent cgroup path for containers (default: lazyfork/ under this process's cgroup on v1, /lazyfork on v2; README, State on disk)." env:"LAZYFORK_CGROUP_PARENT"`
 	Bridge       string `help:"Host bridge of bridge-mode containers (default lfbr0)." env:"LAZYFORK_BRIDGE"`
 	Subnet       string `help:"IPv4 network of bridge-mode containers (default 10.88.0.0/16)." env:"LAZYFORK_SUBNET"`
+	CRIU         string `name:"criu" help:"CRIU binary to run (default: the private one from make setup, else /usr/sbin/criu; never one found on PATH)." env:"LAZYFORK_CRIU" placeholder:"PATH"`
+	// Kept as text and read when an image is unpacked (image.Store.MaxLayerBytes), so a
+	// bad value fails a pull with a message naming the setting, not every command.
+	MaxLayerBytes string `help:"Most one image may unpack to: bytes, or a number with K, M, G or T; 0 or none for no limit (default 8G)." env:"LAZYFORK_MAX_LAYER_BYTES" placeholder:"SIZE"`
 }
 
 // Open opens the stores under paths.Root() with the operator's settings.
@@ -62,7 +69,8 @@ func Open(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{Containers: t, Images: im, CgroupParent: cfg.CgroupParent,
+	im.MaxLayerBytes = cfg.MaxLayerBytes
+	return &Runtime{Containers: t, Images: im, CgroupParent: cfg.CgroupParent, CRIU: cfg.CRIU,
 		Network: network.Config{Bridge: cfg.Bridge, Subnet: cfg.Subnet}}, nil
 }
 

@@ -18,17 +18,18 @@ const distributionBinary = "/usr/sbin/criu"
 // a build in /usr/local/sbin) must not change what dumps and restores.
 type Binary struct {
 	Path   string `json:"path"`
-	Source string `json:"source"` // "LAZYFORK_CRIU", "private (make setup)", "distribution"
+	Source string `json:"source"` // "LAZYFORK_CRIU" (--criu), "private (make setup)", "distribution"
 }
 
-// FindBinary resolves the CRIU binary: $LAZYFORK_CRIU if set, else the private one from
-// `make setup`, else the distribution's.
-func FindBinary() (Binary, error) {
-	if p := os.Getenv("LAZYFORK_CRIU"); p != "" {
-		if err := executable(p); err != nil {
-			return Binary{}, fmt.Errorf("LAZYFORK_CRIU=%s: %w: point it at a criu binary or unset it", p, err)
+// FindBinary resolves the CRIU binary: explicit if set (the operator's --criu, which the
+// mains' kong flags fill from $LAZYFORK_CRIU), else the private one from `make setup`, else
+// the distribution's.
+func FindBinary(explicit string) (Binary, error) {
+	if explicit != "" {
+		if err := executable(explicit); err != nil {
+			return Binary{}, fmt.Errorf("LAZYFORK_CRIU=%s: %w: point it at a criu binary or unset it", explicit, err)
 		}
-		return Binary{Path: p, Source: "LAZYFORK_CRIU"}, nil
+		return Binary{Path: explicit, Source: "LAZYFORK_CRIU"}, nil
 	}
 	if executable(DefaultPrivateBinary) == nil {
 		return Binary{Path: DefaultPrivateBinary, Source: "private (make setup)"}, nil
@@ -51,7 +52,7 @@ func executable(p string) error {
 }
 
 // binaryPath is FindBinary's path, for the places that start criu.
-func binaryPath() (string, error) {
-	b, err := FindBinary()
+func binaryPath(explicit string) (string, error) {
+	b, err := FindBinary(explicit)
 	return b.Path, err
 }

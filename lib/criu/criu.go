@@ -112,7 +112,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		}()
 	}
 	t := rpc.CriuReqType_DUMP
-	res, err := swrk(ctx, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, nil, o.Notify, o.Hold, o.NetNS)
+	res, err := swrk(ctx, o.Binary, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, nil, o.Notify, o.Hold, o.NetNS)
 	logPath := filepath.Join(workDir, opts.GetLogFile())
 	if err != nil || !res.resp.GetSuccess() {
 		if o.FreezeCgroup != "" && ctx.Err() != nil {
@@ -190,7 +190,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		res, err = o.Service.call(ctx, req, o.JoinCgroup, o.Notify)
 		o.Service.forget(o.Root)
 	} else {
-		res, err = swrk(ctx, req, kdat, o.JoinCgroup, o.Notify, o.Hold, o.NetNS)
+		res, err = swrk(ctx, o.Binary, req, kdat, o.JoinCgroup, o.Notify, o.Hold, o.NetNS)
 	}
 	if err != nil && stalled() {
 		err = fmt.Errorf("criu reported an error and did not exit within %v: %w", ErrorGrace, err)
@@ -221,12 +221,13 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	return r, nil
 }
 
-// Version asks criu for its version over RPC.
-func Version(ctx context.Context) (major, minor, patch int, err error) {
+// Version asks criu (binary: FindBinary's explicit path, "" = the default) for its
+// version over RPC.
+func Version(ctx context.Context, binary string) (major, minor, patch int, err error) {
 	ctx, cancel := withDeadline(ctx, 0)
 	defer cancel()
 	t := rpc.CriuReqType_VERSION
-	res, err := swrk(ctx, &rpc.CriuReq{Type: &t}, "", nil, nil, nil)
+	res, err := swrk(ctx, binary, &rpc.CriuReq{Type: &t}, "", nil, nil, nil)
 	if err != nil || !res.resp.GetSuccess() {
 		return 0, 0, 0, callError("version", res, "", err)
 	}
@@ -234,11 +235,12 @@ func Version(ctx context.Context) (major, minor, patch int, err error) {
 	return int(v.GetMajorNumber()), int(v.GetMinorNumber()), int(v.GetSublevel()), nil
 }
 
-// Check runs `criu check`: nil if criu finds the kernel good enough to dump and restore.
-func Check(ctx context.Context) error {
+// Check runs `criu check` of binary (as Version's): nil if criu finds the kernel good
+// enough to dump and restore.
+func Check(ctx context.Context, binary string) error {
 	ctx, cancel := withDeadline(ctx, 0)
 	defer cancel()
-	bin, err := binaryPath()
+	bin, err := binaryPath(binary)
 	if err != nil {
 		return &Error{Op: "check", Err: err}
 	}

@@ -26,7 +26,7 @@ import (
 func requirePriv(t *testing.T) {
 	t.Helper()
 	priv.Root(t, "CRIU dumps and restores")
-	if _, err := FindBinary(); err != nil {
+	if _, err := FindBinary(""); err != nil {
 		priv.Miss(t, err.Error())
 	}
 	if _, err := os.Stat("/usr/bin/python3"); err != nil {
@@ -246,7 +246,7 @@ func listDir(t *testing.T, dir string) []string {
 func TestVersionAndCheck(t *testing.T) {
 	requirePriv(t)
 	ctx := context.Background()
-	major, minor, patch, err := Version(ctx)
+	major, minor, patch, err := Version(ctx, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestVersionAndCheck(t *testing.T) {
 	if major < 4 || (major == 4 && minor < 1) {
 		t.Errorf("criu %d.%d.%d is older than 4.1", major, minor, patch)
 	}
-	if err := Check(ctx); err != nil {
+	if err := Check(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
 	if c := criuChildren(t); len(c) != 0 {
@@ -632,7 +632,7 @@ func TestRestoreLatency(t *testing.T) {
 	}
 	version := func() time.Duration {
 		s := time.Now()
-		if _, _, _, err := Version(ctx); err != nil {
+		if _, _, _, err := Version(ctx, ""); err != nil {
 			t.Fatal(err)
 		}
 		return time.Since(s)

@@ -8,9 +8,13 @@
 //
 //	Dump(ctx, DumpOptions) (*DumpResult, error)
 //	Restore(ctx, RestoreOptions) (*RestoreResult, error)
-//	StartService(ctx, kdatDir) (*Service, error); (*Service).Close()
-//	Version(ctx) (major, minor, patch int, err error)
-//	Check(ctx) error
+//	StartService(ctx, kdatDir, binary) (*Service, error); (*Service).Close()
+//	Version(ctx, binary) (major, minor, patch int, err error)
+//	Check(ctx, binary) error
+//
+// binary is the operator's CRIU (--criu / $LAZYFORK_CRIU, which the mains read; also
+// DumpOptions.Binary and RestoreOptions.Binary): "" means FindBinary's default, the
+// private one from `make setup`, else the distribution's.
 //
 // Service: a restore through swrk pays for exec'ing criu and, for the probe cache, the
 // helper below (~30 ms of a ~55 ms fork here). A service worker is a fork() of an already

@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 const serviceOwnerEnv = "LF_TEST_SERVICE_OWNER"
 
 func serviceOwner(kdatDir string) {
-	s, err := StartService(context.Background(), kdatDir)
+	s, err := StartService(context.Background(), kdatDir, "")
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)

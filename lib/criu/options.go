@@ -130,6 +130,8 @@ type DumpOptions struct {
 	// namespace is then criu's and is not dumped (cluster members: their shared namespace
 	// is made again for each fork, and every member restored into it).
 	NetNS string
+	// Binary is the operator's criu (FindBinary's explicit path); "" = the default one.
+	Binary string
 }
 
 // RestoreOptions describe one restore.
@@ -174,6 +176,9 @@ type RestoreOptions struct {
 	// Service, when set, serves the restore from a long-lived criu instead of a new swrk
 	// (trees without their own mount namespace still get a swrk).
 	Service *Service
+	// Binary is the criu a swrk restore runs (FindBinary's explicit path; "" = the
+	// default one). A Service runs the one it was started with.
+	Binary string
 }
 
 // criuOpts translates DumpOptions into CRIU's RPC options; the fds are the caller's.

@@ -22,8 +22,8 @@ time.sleep(120)`
 // ProbeSocketDump dumps a process that holds TCP and UDP sockets, the way a container's
 // workload would be dumped. CRIU 4.1 fails on kernels >= 6.16 ("Can't get 1:16 opt":
 // those kernels refuse SO_PASSCRED on inet sockets); a CRIU that passes can fork
-// programs that opened a socket. It needs root and python3.
-func ProbeSocketDump(ctx context.Context, scratch string) error {
+// programs that opened a socket. It needs root and python3. binary is as Version's.
+func ProbeSocketDump(ctx context.Context, binary, scratch string) error {
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		return errors.New("python3 not found (the socket probe runs a python3 process): apt-get install python3")
@@ -56,7 +56,7 @@ func ProbeSocketDump(ctx context.Context, scratch string) error {
 	if _, err := ready.Read(make([]byte, 1)); err != nil {
 		return fmt.Errorf("socket probe: python3 did not open its sockets: %w", err)
 	}
-	_, err = Dump(ctx, DumpOptions{Pid: cmd.Process.Pid, CheckpointDir: dir, NetworkLock: NetworkLockSkip})
+	_, err = Dump(ctx, DumpOptions{Pid: cmd.Process.Pid, CheckpointDir: dir, NetworkLock: NetworkLockSkip, Binary: binary})
 	if err != nil {
 		return fmt.Errorf("dump a process holding TCP and UDP sockets: %w", err)
 	}

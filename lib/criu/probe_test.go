@@ -12,7 +12,7 @@ import (
 func TestProbeSocketDump(t *testing.T) {
 	requirePriv(t)
 	scratch := t.TempDir()
-	if err := ProbeSocketDump(context.Background(), scratch); err != nil {
+	if err := ProbeSocketDump(context.Background(), "", scratch); err != nil {
 		t.Fatal(err)
 	}
 	if left, _ := os.ReadDir(scratch); len(left) != 0 {
@@ -20,17 +20,22 @@ func TestProbeSocketDump(t *testing.T) {
 	}
 }
 
-// A CRIU that does not exist is named in a one-line error.
-func TestFindBinaryHonoursLAZYFORK_CRIU(t *testing.T) {
-	t.Setenv("LAZYFORK_CRIU", "/nonexistent/criu")
-	_, err := FindBinary()
-	if err == nil || !containsAll(err.Error(), "LAZYFORK_CRIU=/nonexistent/criu", "unset it") {
+// The operator's CRIU (--criu / $LAZYFORK_CRIU, which the mains pass as the explicit
+// path) wins and is named as the source; one that does not exist is named in a one-line
+// error. "" is the default one.
+func TestFindBinaryExplicit(t *testing.T) {
+	_, err := FindBinary("/nonexistent/criu")
+	if err == nil || !containsAll(err.Error(), "LAZYFORK_CRIU=/nonexistent/criu", "unset it") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("err = %v", err)
 	}
 	exe, _ := os.Executable()
-	t.Setenv("LAZYFORK_CRIU", exe)
-	if b, err := FindBinary(); err != nil || b.Path != exe || b.Source != "LAZYFORK_CRIU" {
+	if b, err := FindBinary(exe); err != nil || b.Path != exe || b.Source != "LAZYFORK_CRIU" {
 		t.Fatalf("FindBinary = %+v, %v", b, err)
+	}
+	// The environment is the mains' to read (kong env tags), never this package's.
+	t.Setenv("LAZYFORK_CRIU", exe)
+	if b, err := FindBinary(""); err == nil && (b.Path == exe || b.Source == "LAZYFORK_CRIU") {
+		t.Fatalf("FindBinary(\"\") = %+v", b)
 	}
 }
 

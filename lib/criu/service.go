@@ -54,7 +54,8 @@ type Service struct {
 // later StartService can remove what a killed owner left.
 const serviceDirPrefix = "service-"
 
-// StartService starts `criu service` and waits until it listens. Close it when done.
+// StartService starts `criu service` of binary (FindBinary's explicit path, "" = the
+// default) and waits until it listens. Close it when done.
 //
 // The service runs in a mount namespace of its own that is a slave of the caller's (when
 // the binary has the helper, see MaybeKdatHelper): forks' root file systems are mounted in
@@ -64,8 +65,8 @@ const serviceDirPrefix = "service-"
 // privileged criu saved (see primeKdat), so the loaded kernel facts are the full ones. As
 // root, "unprivileged" changes nothing else a restore does (it skips the time namespace,
 // which LazyFork trees do not have; the rest are fallbacks for missing capabilities).
-func StartService(ctx context.Context, kdatDir string) (*Service, error) {
-	bin, err := binaryPath()
+func StartService(ctx context.Context, kdatDir, binary string) (*Service, error) {
+	bin, err := binaryPath(binary)
 	if err != nil {
 		return nil, fmt.Errorf("criu service: find criu: %w", err)
 	}

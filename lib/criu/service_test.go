@@ -21,7 +21,7 @@ import (
 func startService(t *testing.T) (*Service, string) {
 	t.Helper()
 	kdat := kdatTempDir(t)
-	s, err := StartService(context.Background(), kdat)
+	s, err := StartService(context.Background(), kdat, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestServiceDiesWithOwner(t *testing.T) {
 	_ = cmd.Wait()
 	testEventually(t, func() bool { return gone(svcPid) }, "service %d outlived its owner", svcPid)
 
-	s, err := StartService(context.Background(), kdat)
+	s, err := StartService(context.Background(), kdat, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestServiceDiesWithOwner(t *testing.T) {
 func TestServiceSocketPathTooLong(t *testing.T) {
 	requirePriv(t)
 	long := filepath.Join(kdatTempDir(t), strings.Repeat("d", 100))
-	_, err := StartService(context.Background(), long)
+	_, err := StartService(context.Background(), long, "")
 	if err == nil || !strings.Contains(err.Error(), "too long") {
 		t.Fatalf("err = %v", err)
 	}

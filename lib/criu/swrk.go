@@ -54,15 +54,15 @@ type result struct {
 	isolated bool
 }
 
-// swrk starts `criu swrk 3` (with hold, if any, as fd 4), sends req, answers notifications and returns the final
+// swrk starts `criu swrk 3` of binary (FindBinary's explicit path, "" = the default; with hold, if any, as fd 4), sends req, answers notifications and returns the final
 // response. It returns an error when criu could not be run, failed (resp.success false), did
 // not answer, or the deadline passed; criu is SIGKILLed on deadline or cancel and always
 // reaped before swrk returns.
-func swrk(ctx context.Context, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc, hold *os.File, netns ...string) (res result, retErr error) {
+func swrk(ctx context.Context, binary string, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc, hold *os.File, netns ...string) (res result, retErr error) {
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	bin, err := binaryPath()
+	bin, err := binaryPath(binary)
 	if err != nil {
 		return res, fmt.Errorf("find criu: %w", err)
 	}

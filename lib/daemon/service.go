@@ -70,7 +70,7 @@ func (s *Service) restoreService(ctx context.Context) *criu.Service {
 		s.criu.Close()
 		s.criu = nil
 	}
-	svc, err := criu.StartService(ctx, criu.DefaultKdatDir())
+	svc, err := criu.StartService(ctx, criu.DefaultKdatDir(), s.RT.CRIU)
 	if err != nil {
 		return nil
 	}
@@ -528,7 +528,7 @@ func (s *Service) Status(ctx context.Context) (*client.Status, error) {
 		return nil, err
 	}
 	st := &client.Status{Containers: len(rows), Root: paths.Root(), Run: paths.Run(), Daemon: s.Daemon}
-	st.Host = doctor.Run(ctx, paths.Run())
+	st.Host = doctor.Run(ctx, paths.Run(), s.RT.CRIU)
 	for _, r := range rows {
 		st.Memory += r.MemoryBytes
 		switch r.State {

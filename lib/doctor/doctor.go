@@ -22,10 +22,11 @@ import (
 // give it (the API's type). Advisory checks inform and never fail doctor.
 type Check = client.Check
 
-// Run performs every check. runDir is the tmpfs state directory.
-func Run(ctx context.Context, runDir string) []Check {
+// Run performs every check. runDir is the tmpfs state directory; criuBinary the operator's
+// CRIU (--criu / $LAZYFORK_CRIU, read by the main; "" = criu.FindBinary's default).
+func Run(ctx context.Context, runDir, criuBinary string) []Check {
 	return []Check{
-		root(), criuVersion(ctx), criuCheck(ctx), criuSockets(ctx, runDir), overlayfs(), namespaces(), cgroups(),
+		root(), criuVersion(ctx, criuBinary), criuCheck(ctx, criuBinary), criuSockets(ctx, criuBinary, runDir), overlayfs(), namespaces(), cgroups(),
 		tmpfs(runDir), userfaultfd(), tool("nsenter", "apt-get install util-linux"),
 		tool("debootstrap", "apt-get install debootstrap (builds the offline default image)"),
 		ksmState(),
@@ -67,12 +68,12 @@ func criuNeeded() (major, minor int) {
 	return 4, 1
 }
 
-func criuVersion(ctx context.Context) Check {
-	bin, err := criu.FindBinary()
+func criuVersion(ctx context.Context, binary string) Check {
+	bin, err := criu.FindBinary(binary)
 	if err != nil {
 		return Check{Name: "criu", Detail: err.Error(), Fix: criuFix}
 	}
-	maj, min, pat, err := criu.Version(ctx)
+	maj, min, pat, err := criu.Version(ctx, bin.Path)
 	if err != nil {
 		return Check{Name: "criu", Detail: fmt.Sprintf("%s (%s): %v", bin.Path, bin.Source, err), Fix: criuFix}
 	}
@@ -84,8 +85,8 @@ func criuVersion(ctx context.Context) Check {
 	return Check{Name: "criu", OK: true, Detail: v}
 }
 
-func criuCheck(ctx context.Context) Check {
-	if err := criu.Check(ctx); err != nil {
+func criuCheck(ctx context.Context, binary string) Check {
+	if err := criu.Check(ctx, binary); err != nil {
 		return Check{Name: "criu check", Detail: firstLine(err.Error()), Fix: "see `criu check`; a kernel with CONFIG_CHECKPOINT_RESTORE is needed"}
 	}
 	return Check{Name: "criu check", OK: true, Detail: "looks good (run with CRIU_FAULT=130 and deadlines, so it cannot hang where hardware breakpoints fail)"}
@@ -93,12 +94,12 @@ func criuCheck(ctx context.Context) Check {
 
 // criuSockets dumps a process holding TCP and UDP sockets: without that, no program that
 // opened a socket can be forked.
-func criuSockets(ctx context.Context, runDir string) Check {
+func criuSockets(ctx context.Context, binary, runDir string) Check {
 	scratch := os.TempDir()
 	if fi, err := os.Stat(runDir); err == nil && fi.IsDir() {
 		scratch = runDir
 	}
-	if err := criu.ProbeSocketDump(ctx, scratch); err != nil {
+	if err := criu.ProbeSocketDump(ctx, binary, scratch); err != nil {
 		return Check{Name: "criu sockets", Detail: firstLine(err.Error()), Fix: criuFix + " (CRIU >= 4.2 on kernels >= 6.16)"}
 	}
 	return Check{Name: "criu sockets", OK: true, Detail: "dumped a process holding TCP and UDP sockets"}

@@ -212,6 +212,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		TCPEstablished: c.Net == container.NetNone || c.Net == container.NetBridge,
 		Timeout:        DumpTimeout,
 		KdatDir:        kdatDir(),
+		Binary:         rt.CRIU,
 		// A criu that outlives this process (killed) finishes or rolls back the dump;
 		// GC must not give the source back before (criu would freeze it again).
 		Hold: hold,

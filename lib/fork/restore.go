@@ -101,7 +101,7 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 	if o.PerForkCriu || o.NetNS != "" {
 		svc = nil
 	} else if svc == nil || !svc.Alive() {
-		if svc, err = criu.StartService(ctx, kdatDir()); err != nil {
+		if svc, err = criu.StartService(ctx, kdatDir(), rt.CRIU); err != nil {
 			return nil, fmt.Errorf("restore %s: %w", s.ID, err)
 		}
 		defer svc.Close()
@@ -300,6 +300,7 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 		EmptyNetNS: (s.Net == container.NetBridge && netns == "") || freshNone,
 		Timeout:    RestoreTimeout,
 		KdatDir:    kdatDir(),
+		Binary:     rt.CRIU,
 		JoinCgroup: cg.ProcsFiles(),
 		Service:    svc,
 		Hold:       hold,

@@ -250,22 +250,22 @@ func TestSizeLimit(t *testing.T) {
 	needRoot(t)
 	bomb := []entry{{name: "big", body: strings.Repeat("z", 3<<20)}}
 	small := []entry{{name: "small", body: strings.Repeat("s", 1<<20)}}
-	t.Run("env", func(t *testing.T) {
+	t.Run("setting", func(t *testing.T) {
 		h := newHostileStore(t)
-		t.Setenv(MaxBytesEnv, "2M")
+		h.s.MaxLayerBytes = "2M"
 		h.importHostile(t, "image unpacks to more than 2M, the limit (from LAZYFORK_MAX_LAYER_BYTES); set LAZYFORK_MAX_LAYER_BYTES to a larger size", bomb)
 		h.untouched(t)
 	})
 	t.Run("total over layers", func(t *testing.T) {
 		h := newHostileStore(t)
-		t.Setenv(MaxBytesEnv, "2M")
+		h.s.MaxLayerBytes = "2M"
 		// Each layer fits, the image does not: the first layer is removed again.
 		h.importHostile(t, "more than 2M", small, small[:0], []entry{{name: "small2", body: strings.Repeat("t", 1<<20)}})
 		h.untouched(t)
 	})
 	t.Run("many entries", func(t *testing.T) {
 		h := newHostileStore(t)
-		t.Setenv(MaxBytesEnv, "64K")
+		h.s.MaxLayerBytes = "64K"
 		var many []entry
 		for i := range 200 {
 			many = append(many, entry{name: fmt.Sprintf("d%d/", i), typ: tar.TypeDir})
@@ -275,8 +275,8 @@ func TestSizeLimit(t *testing.T) {
 	})
 	t.Run("default", func(t *testing.T) {
 		h := newHostileStore(t)
-		t.Setenv(MaxBytesEnv, "")
-		h.s.MaxBytes = 0
+		h.s.MaxLayerBytes = ""
+		t.Setenv(MaxBytesEnv, "1K") // the mains' to read (kong env tags), never this package's
 		p := filepath.Join(t.TempDir(), "sparse.tar")
 		writeSparseBomb(t, p, DefaultMaxBytes+1)
 		_, err := h.s.Get(context.Background(), p, GetOptions{})
@@ -288,13 +288,13 @@ func TestSizeLimit(t *testing.T) {
 	})
 	t.Run("bad setting", func(t *testing.T) {
 		h := newHostileStore(t)
-		t.Setenv(MaxBytesEnv, "lots")
+		h.s.MaxLayerBytes = "lots"
 		h.importHostile(t, `LAZYFORK_MAX_LAYER_BYTES="lots": not a size`, small)
 		h.untouched(t)
 	})
 	t.Run("under the limit", func(t *testing.T) {
-		t.Setenv(MaxBytesEnv, "8M")
 		s := newStore(t)
+		s.MaxLayerBytes = "8M"
 		p := filepath.Join(t.TempDir(), "ok.tar")
 		dockerSave(t, p, []string{"ok:1"}, tarBytes(t, bomb))
 		if _, err := s.Get(context.Background(), p, GetOptions{}); err != nil {

@@ -3,15 +3,15 @@ package image
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 )
 
-// MaxBytesEnv names the setting that bounds how much an image may unpack to.
+// MaxBytesEnv names the operator's setting that bounds how much an image may unpack to
+// (Store.MaxLayerBytes; the mains read it).
 const MaxBytesEnv = "LAZYFORK_MAX_LAYER_BYTES"
 
-// DefaultMaxBytes is the bound when MaxBytesEnv is unset: 8 GiB of unpacked layers per
+// DefaultMaxBytes is the bound when the setting is unset: 8 GiB of unpacked layers per
 // image (file data plus 512 bytes per tar entry).
 const DefaultMaxBytes int64 = 8 << 30
 
@@ -43,14 +43,10 @@ func refusef(format string, args ...any) error {
 	return &refusedError{fmt.Sprintf(format, args...)}
 }
 
-// maxBytes returns the unpacked-size bound for one image and where it came from:
-// Store.MaxBytes if set, else $LAZYFORK_MAX_LAYER_BYTES, else DefaultMaxBytes. A value
-// of "0" or "none" in the environment turns the bound off.
+// maxBytes returns the unpacked-size bound for one image (-1: none) and where it came
+// from, for the message: Store.MaxLayerBytes, else DefaultMaxBytes.
 func (s *Store) maxBytes() (int64, string, error) {
-	if s.MaxBytes != 0 {
-		return s.MaxBytes, "set by the caller", nil
-	}
-	v := strings.TrimSpace(os.Getenv(MaxBytesEnv))
+	v := strings.TrimSpace(s.MaxLayerBytes)
 	if v == "" {
 		return DefaultMaxBytes, "default, " + MaxBytesEnv + " is unset", nil
 	}

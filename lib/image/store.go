@@ -55,9 +55,11 @@ var ErrNotFound = exitcode.NewNotFound("not in the local image store")
 // Store is an image store rooted at Dir (normally paths.Images()).
 type Store struct {
 	Dir string
-	// MaxBytes bounds what one image may unpack to; 0 means $LAZYFORK_MAX_LAYER_BYTES
-	// or DefaultMaxBytes, a negative value no bound.
-	MaxBytes int64
+	// MaxLayerBytes bounds what one image may unpack to, as the operator wrote it (the
+	// main's --max-layer-bytes, which kong fills from $LAZYFORK_MAX_LAYER_BYTES; see
+	// ParseBytes): "" = DefaultMaxBytes, "0" or "none" = no bound. It is read when an image
+	// is unpacked, so a bad value fails that pull with a message naming the setting.
+	MaxLayerBytes string
 }
 
 // Image is the record of one stored image.

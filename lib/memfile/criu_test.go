@@ -32,7 +32,7 @@ func requirePriv(t *testing.T) {
 	why := ""
 	if os.Geteuid() != 0 {
 		why = "needs root"
-	} else if _, err := lfcriu.FindBinary(); err != nil {
+	} else if _, err := lfcriu.FindBinary(""); err != nil {
 		why = err.Error()
 	} else if _, err := exec.LookPath("python3"); err != nil {
 		why = "needs python3"
@@ -193,7 +193,7 @@ func (l *lab) ask(pid int, sig syscall.Signal) status {
 }
 
 func criu(args ...string) ([]byte, error) {
-	bin, err := lfcriu.FindBinary()
+	bin, err := lfcriu.FindBinary("")
 	if err != nil {
 		return nil, err
 	}

@@ -138,7 +138,7 @@ func TestManyMappingsOneFile(t *testing.T) {
 	if bin == "" {
 		t.Fatal("needs prlimit (util-linux)")
 	}
-	crbin, err := lfcriu.FindBinary()
+	crbin, err := lfcriu.FindBinary("")
 	if err != nil {
 		t.Fatal(err)
 	}

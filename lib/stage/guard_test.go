@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lazyfork/lazyfork/lib/cgroup/owned"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/store"
 )
@@ -15,7 +16,9 @@ func roots(t *testing.T) {
 	t.Helper()
 	paths.Set(t.TempDir(), t.TempDir()) // as a main would
 	t.Cleanup(func() { paths.Set("", "") })
-	t.Setenv("LAZYFORK_CGROUP_PARENT", "")
+	old := owned.Parent()
+	owned.SetParent("") // the default subtree only, whatever the run's operator parent
+	t.Cleanup(func() { owned.SetParent(old) })
 }
 
 func goodSnapshot() *Snapshot {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/cgroup/owned"
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/image"
@@ -39,9 +40,21 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 	}
 }
 
-// The test binary is a main too: the roots its environment names (make test, a CI job)
-// reach lib/paths the way a main's flags do.
-func init() { paths.Set(os.Getenv("LAZYFORK_ROOT"), os.Getenv("LAZYFORK_RUN")) }
+// The test binary is a main too: the roots and the operator's cgroup parent its
+// environment names (make test, a CI job, make test-v2) reach lib the way a main's flags
+// do.
+func init() {
+	paths.Set(os.Getenv("LAZYFORK_ROOT"), os.Getenv("LAZYFORK_RUN"))
+	owned.SetParent(Config().CgroupParent)
+}
+
+// Config is the operator's settings NewRuntime uses, as a main's flags read them from
+// this test run's environment (kong's env tags on container.Config). The network ones
+// stay the defaults: tests that need others set them on the Runtime.
+func Config() container.Config {
+	return container.Config{CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT"), CRIU: os.Getenv("LAZYFORK_CRIU"),
+		MaxLayerBytes: os.Getenv("LAZYFORK_MAX_LAYER_BYTES")}
+}
 
 // SetRoots gives a test its own state roots: lib/paths gets them (paths.Set, as a main
 // would) and so do the binaries the test runs (the environment); both are restored after.
@@ -93,7 +106,9 @@ func NewRuntime(t *testing.T) *container.Runtime {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := &container.Runtime{Containers: ts, Images: imgs, Exe: exe, CgroupParent: os.Getenv("LAZYFORK_CGROUP_PARENT")}
+	cfg := Config()
+	imgs.MaxLayerBytes = cfg.MaxLayerBytes
+	rt := &container.Runtime{Containers: ts, Images: imgs, Exe: exe, CgroupParent: cfg.CgroupParent, CRIU: cfg.CRIU}
 	t.Cleanup(func() {
 		all, _ := ts.List()
 		for _, c := range all {
