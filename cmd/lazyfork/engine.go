@@ -9,6 +9,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/daemon"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // engine is what the container commands run on: the daemon when one answers on the
@@ -71,6 +72,8 @@ func (g *Globals) daemon(ctx context.Context) *client.Client {
 		return nil
 	}
 	cl := client.New(g.Socket)
+	ctx, end := trace.Start(ctx, "find the daemon")
+	defer end()
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	info, err := cl.Ping(pctx)

@@ -18,6 +18,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // Globals are shared by every command; env vars configure them too.
@@ -27,6 +28,7 @@ type Globals struct {
 	container.Config
 	Socket string `help:"Unix socket of the daemon; commands go through it when a daemon answers there." env:"LAZYFORK_SOCKET" default:"${socket}"`
 	Local  bool   `help:"Run in this process even if a daemon is running." env:"LAZYFORK_LOCAL"`
+	Trace  bool   `help:"Print on stderr how long each step took, the daemon's steps included." env:"LAZYFORK_TRACE"`
 }
 
 type CLI struct {
@@ -54,6 +56,7 @@ type CLI struct {
 }
 
 func main() {
+	rec := trace.New() // from the start of main; used only with --trace
 	criu.MaybeKdatHelper()
 	container.MaybeInit()
 	container.MaybeCgexec()
@@ -78,8 +81,14 @@ func main() {
 	// (kong's env tags), here only.
 	paths.Set(cli.Root, cli.Run)
 	owned.SetParent(cli.CgroupParent)
+	if cli.Trace {
+		kctx.BindTo(trace.With(ctx, rec), (*context.Context)(nil))
+	}
 	err := kctx.Run(&cli.Globals)
 	stop()
+	if cli.Trace {
+		rec.Write(os.Stderr)
+	}
 	if err != nil {
 		var ee exitError
 		if errors.As(err, &ee) {

@@ -24,6 +24,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // DefaultSocket is where `lazyfork daemon run` listens unless told otherwise.
@@ -263,6 +265,8 @@ func ctrPath(ref, verb string) string {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	ctx, end := trace.Start(ctx, method+" "+path)
+	defer end()
 	resp, err := c.send(ctx, method, path, in, "")
 	if err != nil {
 		return err
@@ -301,7 +305,17 @@ func (c *Client) send(ctx context.Context, method, path string, in any, upgrade 
 		req.Header.Set("Connection", "Upgrade")
 		req.Header.Set("Upgrade", upgrade)
 	}
+	traced := trace.From(ctx) != nil
+	if traced {
+		req.Header.Set(trace.Header, "1") // the daemon sends its spans back
+	}
+	begin := time.Now()
 	resp, err := c.http.Do(req)
+	if err == nil && traced {
+		if h := resp.Header.Get(trace.Header); h != "" {
+			trace.Merge(ctx, begin, "daemon: ", trace.Decode([]byte(h)))
+		}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

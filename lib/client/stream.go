@@ -8,6 +8,9 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // MaxFrame bounds one frame's payload.
@@ -56,6 +59,9 @@ type Stdio struct {
 // ExecStream runs a command inside ref with its stdin, stdout and stderr streamed (and
 // on a terminal if req.TTY), and returns its exit code.
 func (c *Client) ExecStream(ctx context.Context, ref string, req ExecRequest, s Stdio) (int, error) {
+	ctx, end := trace.Start(ctx, "POST "+ctrPath(ref, "exec")+" (stream)")
+	defer end()
+	begin := time.Now()
 	resp, err := c.send(ctx, "POST", ctrPath(ref, "exec"), req, UpgradeHeader)
 	if err != nil {
 		return -1, err
@@ -133,6 +139,8 @@ func (c *Client) ExecStream(ctx context.Context, ref string, req ExecRequest, s 
 			if s.Stderr != nil {
 				_, _ = s.Stderr.Write(p)
 			}
+		case FrameTrace:
+			trace.Merge(ctx, begin, "daemon: ", trace.Decode(p))
 		case FrameExit:
 			if len(p) != 4 {
 				return -1, fmt.Errorf("exec %s: bad exit frame", ref)

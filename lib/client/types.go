@@ -267,5 +267,6 @@ const (
 	FrameError    byte = 4 // daemon → client: a JSON Error; last frame
 	FrameCloseIn  byte = 5 // client → daemon: stdin is at EOF
 	FrameResize   byte = 6 // client → daemon: big-endian uint16 rows, uint16 cols
+	FrameTrace    byte = 7 // daemon → client: JSON spans of a traced exec (lib/trace), before the last frame
 	UpgradeHeader      = "lazyfork-exec"
 )

@@ -21,6 +21,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/confine"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/store"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // ExecHelperArg is the hidden first argument with which the lazyfork binary re-executes
@@ -333,7 +334,12 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 	if len(o.Args) == 0 || o.Args[0] == "" {
 		return nil, errors.New("exec: no command given: add `-- COMMAND [ARGS...]`")
 	}
-	if err := r.check(guard.OpExec, c); err != nil {
+	ctx, end := trace.Start(ctx, "exec "+c.Display())
+	defer end()
+	endCheck := trace.Step(ctx, "check its state")
+	err := r.check(guard.OpExec, c)
+	endCheck()
+	if err != nil {
 		return nil, err
 	}
 	if o.Timeout > 0 {
@@ -343,6 +349,8 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 	}
 	fail := func(err error) error { return fmt.Errorf("exec in %s: %w", c.Display(), err) }
 
+	endPrep := trace.Step(ctx, "open its init, load its cgroup, pipes")
+	defer func() { endPrep() }()
 	pidfd, err := unix.PidfdOpen(c.Pid, 0)
 	if err != nil {
 		return nil, fail(fmt.Errorf("open its init (pid %d): %w", c.Pid, err))
@@ -407,7 +415,12 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 		return cmd.Process.Kill()
 	}
 	cmd.WaitDelay = 2 * time.Second
-	if err := startInPidNS(cmd, pidfd); err != nil {
+	endPrep()
+	endPrep = func() {}
+	endStart := trace.Step(ctx, "start the exec helper in its pid namespace")
+	err = startInPidNS(cmd, pidfd)
+	endStart()
+	if err != nil {
 		return nil, fail(err)
 	}
 	cfgR.Close()
@@ -423,7 +436,10 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 	}
 	// In the container's cgroup before it does anything: what it runs is accounted to
 	// (and killed with) the container.
-	if err := cg.AddProc(cmd.Process.Pid); err != nil {
+	endJoin := trace.Step(ctx, "move the helper into its cgroup")
+	err = cg.AddProc(cmd.Process.Pid)
+	endJoin()
+	if err != nil {
 		return abort(err)
 	}
 	cfg := execConfig{Pid: c.Pid, Args: o.Args, Env: mergeEnv(c.Env, o.Env), Cwd: o.Cwd, Confine: c.ConfineProfile()}
@@ -438,11 +454,15 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 	}
 	cfgW.Close()
 	// The error pipe closes when the helper execs the command, or carries why it could not.
+	endEnter := trace.Step(ctx, "helper: enter the namespaces, confine, execve")
 	msg, _ := io.ReadAll(io.LimitReader(errR, 64<<10))
+	endEnter()
 	if len(msg) > 0 {
 		return abort(errors.New(string(msg)))
 	}
+	endRun := trace.Step(ctx, "the command runs")
 	err = cmd.Wait()
+	endRun()
 
 	res := &ExecResult{Stdout: stdout.String(), Stderr: stderr.String()}
 	var exitErr *exec.ExitError

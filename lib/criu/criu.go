@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/procfs"
+	"github.com/lazyfork/lazyfork/lib/trace"
 	"golang.org/x/sys/unix"
 )
 
@@ -84,6 +85,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dump: %w", err)
 	}
+	endHints := trace.Step(ctx, "criu: inotify path hints, stopped-task check")
 	opts.IrmapScanPaths = irmapHints(treePids(o.Pid, o.FreezeCgroup))
 	frozenBy := "cgroup"
 	if o.FreezeCgroup == "" {
@@ -93,6 +95,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		opts.FreezeCgroup = nil
 		frozenBy = fmt.Sprintf("ptrace (task %d %q is stopped)", tid, comm)
 	}
+	endHints()
 	kdat := o.KdatDir
 	if kdat != "" && sharesMountNS(o.Pid) {
 		kdat = ""
@@ -112,6 +115,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		}()
 	}
 	t := rpc.CriuReqType_DUMP
+	callBegin := time.Now()
 	res, err := swrk(ctx, o.Binary, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, nil, o.Notify, o.Hold, o.NetNS)
 	logPath := filepath.Join(workDir, opts.GetLogFile())
 	if err != nil || !res.resp.GetSuccess() {
@@ -131,6 +135,12 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		r.PagesScanned = d.GetPagesScanned()
 		r.PagesSkippedParent = d.GetPagesSkippedParent()
 		r.PagesWritten = d.GetPagesWritten()
+		// CRIU's own account of its run (stats-dump): where in the call is not known,
+		// only how long; shown from the call's start.
+		trace.Add(ctx, "criu stats: freezing the tasks", callBegin, r.Freezing)
+		trace.Add(ctx, "criu stats: tasks frozen", callBegin, r.Frozen)
+		trace.Add(ctx, "criu stats: memory dump", callBegin, r.Memdump)
+		trace.Add(ctx, "criu stats: memory write", callBegin, r.Memwrite)
 	}
 	return r, nil
 }
@@ -179,16 +189,20 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	var res result
 	useService := o.Service != nil && ownMountNS && o.NetNS == ""
 	if useService {
+		endAdopt := trace.Step(ctx, "criu service: give it the root mount")
 		if err := o.Service.adopt(o.Root); err != nil {
 			useService = false // a criu of its own sees our mounts
 		}
+		endAdopt()
 	}
 	if useService {
 		// A service restores detached under its worker (it refuses rst_sibling); the
 		// worker's exit hands the root to us, the subreaper.
 		opts.RstSibling = nil
 		res, err = o.Service.call(ctx, req, o.JoinCgroup, o.Notify)
+		endForget := trace.Step(ctx, "criu service: detach the root mount")
 		o.Service.forget(o.Root)
+		endForget()
 	} else {
 		res, err = swrk(ctx, o.Binary, req, kdat, o.JoinCgroup, o.Notify, o.Hold, o.NetNS)
 	}
@@ -217,6 +231,8 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		r.Forking = usec(s.GetForkingTime())
 		r.Restore = usec(s.GetRestoreTime())
 		r.PagesRestored = s.GetPagesRestored()
+		trace.Add(ctx, "criu stats: forking the tasks", begin, r.Forking)
+		trace.Add(ctx, "criu stats: restore", begin, r.Restore)
 	}
 	return r, nil
 }

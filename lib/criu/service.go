@@ -18,6 +18,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/trace"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
@@ -374,7 +375,9 @@ func (s *Service) call(ctx context.Context, req *rpc.CriuReq, joinProcs []string
 		unix.Close(fd)
 	}()
 
+	endHello := trace.Step(ctx, "criu service: new worker (connect, hello)")
 	pid, err := hello(c)
+	endHello()
 	if err != nil {
 		return res, err
 	}
@@ -389,12 +392,15 @@ func (s *Service) call(ctx context.Context, req *rpc.CriuReq, joinProcs []string
 		killWorker()
 		return res, ctx.Err()
 	}
+	endJoin := trace.Step(ctx, "criu service: move the worker into the fork's cgroups")
 	for _, f := range joinProcs {
 		if err := os.WriteFile(f, []byte(strconv.Itoa(pid)), 0); err != nil {
+			endJoin()
 			return res, fmt.Errorf("move criu worker into %s: %w", filepath.Dir(f), err)
 		}
 	}
-	res.resp, res.rootPid, err = converse(c, req, notify)
+	endJoin()
+	res.resp, res.rootPid, err = converse(ctx, c, req, notify)
 	return res, err
 }
 

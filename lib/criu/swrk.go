@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v8/rpc"
+	"github.com/lazyfork/lazyfork/lib/trace"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
@@ -127,7 +128,9 @@ func swrk(ctx context.Context, binary string, req *rpc.CriuReq, kdatDir string, 
 			<-reaped
 		}
 	}()
+	endStart := trace.Step(ctx, "criu: start swrk")
 	st := <-startedCh
+	endStart()
 	if st.err != nil {
 		return res, fmt.Errorf("start criu: %w", st.err)
 	}
@@ -180,7 +183,7 @@ func swrk(ctx context.Context, binary string, req *rpc.CriuReq, kdatDir string, 
 		}
 	}()
 
-	res.resp, res.rootPid, err = converse(conn, req, notify)
+	res.resp, res.rootPid, err = converse(ctx, conn, req, notify)
 	if ctxErr := ctx.Err(); ctxErr != nil && !(err == nil && res.resp.GetSuccess()) {
 		// Whatever converse saw (EOF, i/o timeout) is a consequence of the kill.
 		return res, ctxErr
@@ -207,7 +210,8 @@ func joinNetNS(path string) error {
 }
 
 // converse runs the request/notify/response exchange on conn.
-func converse(conn *net.UnixConn, req *rpc.CriuReq, notify NotifyFunc) (*rpc.CriuResp, int, error) {
+func converse(ctx context.Context, conn *net.UnixConn, req *rpc.CriuReq, notify NotifyFunc) (*rpc.CriuResp, int, error) {
+	defer trace.Step(ctx, "criu: request "+req.GetType().String()+" until the answer")()
 	reqType := req.GetType()
 	if err := send(conn, req); err != nil {
 		return nil, 0, err
@@ -250,7 +254,10 @@ func converse(conn *net.UnixConn, req *rpc.CriuReq, notify NotifyFunc) (*rpc.Cri
 		}
 		ok := true
 		if notify != nil {
-			if err := notify(script, pid); err != nil {
+			endNotify := trace.Step(ctx, "criu notify: "+script)
+			err := notify(script, pid)
+			endNotify()
+			if err != nil {
 				notifyErr = fmt.Errorf("notify %s: %w", script, err)
 				ok = false
 			}

@@ -24,6 +24,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // DefaultMaxBody bounds a request body (an exec's stdin travels in it).
@@ -145,6 +146,12 @@ func (s *Server) Handler() http.Handler {
 		if !s.allowPeer(rec, r) || !s.readBody(rec, r) {
 			return
 		}
+		if r.Header.Get(trace.Header) == "1" {
+			// A traced request: its spans go back in the answer's header (an exec
+			// stream sends them in a frame, see execStream).
+			rec.trace = trace.New()
+			r = r.WithContext(trace.With(r.Context(), rec.trace))
+		}
 		if _, pattern := s.mux.Handler(r); pattern != "" {
 			s.mux.ServeHTTP(rec, r)
 		} else {
@@ -246,9 +253,29 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 type recorder struct {
 	http.ResponseWriter
 	status int
+	trace  *trace.Recorder // a traced request's spans, sent in the header
+	wrote  bool
 }
 
-func (r *recorder) WriteHeader(code int) { r.status = code; r.ResponseWriter.WriteHeader(code) }
+func (r *recorder) WriteHeader(code int) {
+	r.header()
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	r.header()
+	return r.ResponseWriter.Write(p)
+}
+
+// header adds the trace before the header goes out (a streamed answer's holds what was
+// done before it started).
+func (r *recorder) header() {
+	if !r.wrote && r.trace != nil {
+		r.Header().Set(trace.Header, string(r.trace.JSON()))
+	}
+	r.wrote = true
+}
 func (r *recorder) Flush() {
 	if f, ok := r.ResponseWriter.(http.Flusher); ok {
 		f.Flush()

@@ -29,6 +29,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/image"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/store"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // Version is the daemon's (and its API's) version.
@@ -174,7 +175,9 @@ func (s *Service) Fork(ctx context.Context, ref string, req client.ForkRequest, 
 	if err != nil {
 		return nil, err
 	}
+	endLock := trace.Step(ctx, "lock the container")
 	c, unlock, err := guard.Lock(ctx, s.RT.Containers, ref, 0)
+	endLock()
 	if err != nil {
 		return nil, err
 	}
@@ -410,7 +413,9 @@ func (s *Service) ExecStream(ctx context.Context, ref string, req client.ExecReq
 	if err != nil {
 		return -1, err
 	}
+	endResolve := trace.Step(ctx, "resolve the container")
 	c, err := s.RT.Containers.Resolve(ref)
+	endResolve()
 	if err != nil {
 		return -1, err
 	}

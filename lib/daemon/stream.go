@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // ttyWrap makes the terminal the command's controlling terminal (so Ctrl-C and job
@@ -57,7 +58,8 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, req client.E
 		return brw.Flush()
 	}
 	// The command dies with the connection: a client that went away leaves nothing running.
-	ctx, cancel := context.WithCancel(context.Background())
+	rec := trace.From(r.Context())
+	ctx, cancel := context.WithCancel(trace.With(context.Background(), rec))
 	defer cancel()
 
 	stdinR, stdinW, err := os.Pipe()
@@ -113,6 +115,9 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, req client.E
 		case <-ptyDone:
 		case <-time.After(time.Second):
 		}
+	}
+	if rec != nil {
+		_ = send(client.FrameTrace, rec.JSON())
 	}
 	if err != nil {
 		s.sendError(send, err)

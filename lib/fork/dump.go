@@ -28,6 +28,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/store"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // memKey names the /.lazyfork/mem bind in CRIU images (an external mount).
@@ -69,6 +70,10 @@ func kdatDir() string { return criu.DefaultKdatDir() }
 // Dump checkpoints c's whole process tree and freezes its upper layer at the same
 // instant. The source keeps running unless o.Exit.
 func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o DumpOptions) (_ *stage.Snapshot, retErr error) {
+	ctx, end := trace.Start(ctx, "dump")
+	defer end()
+	endChecks := trace.Step(ctx, "check the source (cgroup, processes, allocators)")
+	defer func() { endChecks() }()
 	name := c.Display()
 	// The record names the processes, cgroup and upper the dump reads: refuse one that
 	// names anything LazyFork did not make (a forged container.json, `lf-tree put`).
@@ -100,8 +105,12 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		}
 	}
 
+	endChecks()
+	endChecks = func() {}
 	// From here on the dump makes what no record references yet: GC waits.
+	endLock := trace.Step(ctx, "state lock (shared)")
 	unlock, hold, err := lockSharedHeld(ctx)
+	endLock()
 	if err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
@@ -134,6 +143,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		}
 	}()
 	// The record exists before anything it references, so GC never sees an orphan.
+	endSave := trace.Step(ctx, "save the snapshot record, make its directories")
 	if err := Save(s); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
@@ -143,8 +153,12 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	if err := os.MkdirAll(LayersDir(), 0o700); err != nil {
 		return nil, err
 	}
+	endSave()
 
-	if err := hook.Quiesce(ctx, c, o.Hook); err != nil {
+	endHook := trace.Step(ctx, "hook: quiesce")
+	err = hook.Quiesce(ctx, c, o.Hook)
+	endHook()
+	if err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
 	swap := o.Swap && !o.Exit
@@ -223,7 +237,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 			// The tasks are still frozen: the file system copy matches the memory image
 			// (CRIU checks open files by size on restore).
 			t := time.Now()
-			defer func() { layerTime = time.Since(t) }()
+			defer func() { layerTime = time.Since(t); trace.Add(ctx, "post-dump: freeze the upper layer", t, layerTime) }()
 			if swap {
 				// The upper itself becomes the layer: no copy, and every file keeps its
 				// inode number, which programs such as SQLite check. The frozen source's
@@ -248,6 +262,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		WallMs: stage.Ms(res.Wall), FrozenMs: stage.Ms(res.Frozen), LayerMs: stage.Ms(layerTime),
 		PagesWritten: res.PagesWritten, PagesScanned: res.PagesScanned, CheckpointBytes: dirBytes(s.CheckpointDir),
 	}
+	defer trace.Step(ctx, "save the snapshot record")()
 	if err := Save(s); err != nil {
 		return nil, err
 	}

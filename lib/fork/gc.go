@@ -22,6 +22,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/snapshot"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/store"
+	"github.com/lazyfork/lazyfork/lib/trace"
 	"github.com/lazyfork/lazyfork/lib/treedoc"
 )
 
@@ -49,6 +50,12 @@ func Collect(rt *container.Runtime) error {
 		return err
 	}
 	return nil
+}
+
+// collect is Collect timed (trace), its error dropped as after every operation.
+func collect(ctx context.Context, rt *container.Runtime) {
+	defer trace.Step(ctx, "collect garbage")()
+	_ = Collect(rt)
 }
 
 func gc(rt *container.Runtime, wait time.Duration) error {

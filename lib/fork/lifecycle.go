@@ -15,6 +15,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/store"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // Options for Fork: the union of the stages' options.
@@ -40,6 +41,10 @@ type Options struct {
 // memory into files, restore N forks, drop the transient snapshot. A stopped container
 // is forked straight from the snapshot it was stopped into.
 func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Options) ([]stage.Fork, *stage.Snapshot, error) {
+	ctx, end := trace.Start(ctx, "fork "+c.Display())
+	defer end()
+	endChecks := trace.Step(ctx, "check the record, state and names")
+	defer func() { endChecks() }() // once the checks are done (Dump's own are in its span)
 	if err := stage.CheckRecord(c); err != nil {
 		return nil, nil, fmt.Errorf("fork %s: %w", c.Display(), err)
 	}
@@ -79,6 +84,8 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 		return nil, nil, fmt.Errorf("fork %s --share: it is a member of cluster %s, whose namespace it would leave; fork the cluster (`lazyfork cluster fork %s`) or fork it without --share", c.Display(), c.Cluster, c.Display())
 	}
 	swap := !o.Copy && !o.Share && c.Family == "" && c.Cluster == ""
+	endChecks()
+	endChecks = func() {}
 	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook})
 	if err != nil {
 		return nil, nil, err
@@ -87,17 +94,23 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 		return forkSwapped(ctx, rt, c, s, o)
 	}
 	s.Owner = os.Getpid() // transient: GC drops it if this process dies
-	if err := Save(s); err != nil {
+	endSave := trace.Step(ctx, "save the snapshot record")
+	err = Save(s)
+	endSave()
+	if err != nil {
 		return nil, nil, err
 	}
 	keep := false
 	defer func() {
 		if !keep {
+			defer trace.Step(ctx, "remove the snapshot")()
 			_ = RemoveSnapshot(s)
 		}
-		_ = Collect(rt)
+		collect(ctx, rt)
 	}()
+	endMemfile := trace.Step(ctx, "memfile: move the memory into the family's files")
 	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages, KSM: o.KSM})
+	endMemfile()
 	if o.Share {
 		// The source is gone since the dump: bring it back first, from the memory files
 		// if the rewrite worked, else from the plain checkpoint.
@@ -277,8 +290,10 @@ func forkSwapped(ctx context.Context, rt *container.Runtime, c *store.Container,
 	m.Owner = os.Getpid()
 	_ = Save(m)
 	defer func() {
+		endRm := trace.Step(ctx, "remove the snapshot")
 		_ = RemoveSnapshot(m)
-		_ = Collect(rt)
+		endRm()
+		collect(ctx, rt)
 	}()
 	if o.N == 0 {
 		return nil, m, nil

@@ -22,6 +22,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/store"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // RestoreOptions tune a batch of forks.
@@ -57,6 +58,10 @@ type RestoreOptions struct {
 // own namespaces, cgroup, overlay upper and hostname, sharing the family memory files.
 // When any fork fails the whole batch is undone and the first error returned.
 func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o RestoreOptions) ([]stage.Fork, error) {
+	ctx, end := trace.Start(ctx, fmt.Sprintf("restore %d fork(s)", o.N))
+	defer end()
+	endChecks := trace.Step(ctx, "check the snapshot, state lock (shared)")
+	defer func() { endChecks() }()
 	// Every path comes from the document: the checkpoint CRIU reads, the family bound into each
 	// fork, the layers mounted as its root. Nothing is touched before they are known to
 	// be LazyFork's.
@@ -93,6 +98,8 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 	if err := makeDumpedFamily(s); err != nil {
 		return nil, err
 	}
+	endChecks()
+	endChecks = func() {}
 	par := o.Parallel
 	if par <= 0 {
 		par = runtime.NumCPU()
@@ -122,6 +129,8 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 		alloc = rt.AddressAllocator(subnet.Masked())
 	}
 	// One reservation for the whole batch: the names are checked against the store once.
+	endReserve := trace.Step(ctx, "reserve the records")
+	defer func() { endReserve() }()
 	forks, err := rt.ReserveN(o.N, o.Names, func(c *store.Container) error {
 		c.Image, c.Command, c.Env, c.WorkingDir, c.Hook = s.Image, s.Command, s.Env, s.WorkingDir, s.Hook
 		c.Confine, c.Memory, c.PidsLimit, c.Net = s.Confine, s.Memory, s.PidsLimit, s.Net
@@ -140,6 +149,8 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 		}
 		return nil
 	})
+	endReserve()
+	endReserve = func() {}
 	if err != nil {
 		return nil, fmt.Errorf("restore %s: %w", s.ID, err)
 	}
@@ -227,10 +238,15 @@ func makeDumpedFamily(s *stage.Snapshot) error {
 // restore_ms runs from here (its record was written with the batch's) to running.
 func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *store.Container, h hook.Options, netns string) (stage.Fork, error) {
 	begin := time.Now()
+	ctx, end := trace.Start(ctx, "fork "+c.ID)
+	defer end()
 	if err := startIn(ctx, rt, c, s, c.Upper, c.ID, svc, hold, true, netns); err != nil {
 		return stage.Fork{}, err
 	}
-	if err := hook.Reseed(ctx, c, h); err != nil {
+	endReseed := trace.Step(ctx, "hook: reseed")
+	err := hook.Reseed(ctx, c, h)
+	endReseed()
+	if err != nil {
 		return stage.Fork{}, fmt.Errorf("fork %s: %w", c.ID, err)
 	}
 	restoreMs := stage.Ms(time.Since(begin))
@@ -238,7 +254,10 @@ func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, s
 	if s.Memfile != nil {
 		c.Timings["memfile_ms"] = s.Memfile.Ms
 	}
-	if err := rt.Containers.Put(c); err != nil {
+	endPut := trace.Step(ctx, "write the record")
+	err = rt.Containers.Put(c)
+	endPut()
+	if err != nil {
 		return stage.Fork{}, err
 	}
 	return stage.Fork{
@@ -263,15 +282,22 @@ func start(ctx context.Context, rt *container.Runtime, c *store.Container, s *st
 // netns, for a cluster member's snapshot, is the namespace criu runs in and restores into.
 func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, hold *os.File, rename bool, netns string) error {
 	layer := overlay.Layer{Lower: c.Lower, Upper: upper, Work: c.Work, Target: c.RootFS}
-	if err := overlay.Prepare(layer); err != nil {
-		return fmt.Errorf("fork %s: %w", c.ID, err)
-	}
-	cg, err := cgroup.Create(cgName, rt.CgroupParent)
+	endMount := trace.Step(ctx, "mount the overlay")
+	err := overlay.Prepare(layer)
+	endMount()
 	if err != nil {
 		return fmt.Errorf("fork %s: %w", c.ID, err)
 	}
+	endCg := trace.Step(ctx, "make the cgroup, set its limits")
+	cg, err := cgroup.Create(cgName, rt.CgroupParent)
+	if err != nil {
+		endCg()
+		return fmt.Errorf("fork %s: %w", c.ID, err)
+	}
 	c.Cgroup, c.CgroupV2 = cg.Paths, cg.V2
-	if err := cg.SetLimits(container.Limits(c)); err != nil {
+	err = cg.SetLimits(container.Limits(c))
+	endCg()
+	if err != nil {
 		return fmt.Errorf("fork %s: %w", c.ID, err)
 	}
 	work := filepath.Join(paths.Run(), "work", c.ID)
@@ -287,7 +313,8 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 	// cheaper than CRIU's restore of the dumped one (which runs ip and iptables-restore).
 	// A privileged one keeps CRIU's restore (its sysctls and firewall rules).
 	freshNone := s.Net == container.NetNone && netns == "" && !s.SharedNetNS && s.Confine != nil && !s.Confine.Privileged
-	res, err := criu.Restore(ctx, criu.RestoreOptions{
+	rctx, endRestore := trace.Start(ctx, "criu restore")
+	res, err := criu.Restore(rctx, criu.RestoreOptions{
 		CheckpointDir:  s.CheckpointDir,
 		WorkDir:        work,
 		Root:           c.RootFS,
@@ -334,11 +361,13 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 			return nil
 		},
 	})
+	endRestore()
 	if err != nil {
 		return fmt.Errorf("fork %s from %s: %w", c.ID, s.ID, err)
 	}
 	// Reap the restored init if we live long enough (tests, daemon).
 	go func() { _, _ = res.Process.Wait() }()
+	defer trace.Step(ctx, "read the restored init's start time")()
 	c.Pid = res.Pid
 	c.StartTime, err = container.StartTime(res.Pid)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/memfile"
 	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // RebaseFraction: a fork's snapshot whose own pages exceed this fraction of the family's
@@ -42,21 +43,27 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 	if s.State != stage.SnapDumped {
 		return nil, fmt.Errorf("memfile %s: snapshot is %s, not dumped (lf-memfile takes the output of lf-dump)", s.ID, s.State)
 	}
+	endPrep := trace.Step(ctx, "state lock (shared), mount the layer stack read-only")
 	unlock, err := LockShared(ctx)
 	if err != nil {
+		endPrep()
 		return nil, fmt.Errorf("memfile %s: %w", s.ID, err)
 	}
 	defer unlock()
 	if err := MakeFamilyDir(s.FamilyDir); err != nil {
+		endPrep()
 		return nil, fmt.Errorf("memfile %s: %w", s.ID, err)
 	}
 	// Libraries' original bytes are read through a read-only overlay of the snapshot's
 	// own layer stack, so the rewrite does not depend on the source still existing.
 	root := filepath.Join(s.Dir, "rootfs")
-	if err := mountReadOnlyStack(s.Lower, root); err != nil {
+	err = mountReadOnlyStack(s.Lower, root)
+	endPrep()
+	if err != nil {
 		return nil, fmt.Errorf("memfile %s: %w", s.ID, err)
 	}
 	defer func() {
+		defer trace.Step(ctx, "unmount the layer stack")()
 		_ = unix.Unmount(root, unix.MNT_DETACH)
 		_ = os.Remove(root)
 	}()
@@ -69,6 +76,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 		shared := AllocatedPages(s.FamilyDir)
 		rebase = shared > 0 && float64(s.Dump.PagesWritten) > RebaseFraction*float64(shared)
 	}
+	endRewrite := trace.Step(ctx, "rewrite the checkpoint")
 	res, err := memfile.Rewrite(ctx, memfile.Options{
 		CheckpointDir:      s.CheckpointDir,
 		FamilyDir:          s.FamilyDir,
@@ -81,6 +89,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 		HugePages:          o.HugePages,
 		KSM:                o.KSM,
 	})
+	endRewrite()
 	if err != nil {
 		return nil, fmt.Errorf("memfile %s: %w", s.ID, err)
 	}
@@ -91,6 +100,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 		DeltaPages: res.DeltaPages, Rebased: res.VMAsRebased > 0, BytesWritten: res.BytesWritten, HugePages: res.HugePages,
 		Ms: stage.Ms(res.Duration), MBPerSec: res.MBPerSec,
 	}
+	defer trace.Step(ctx, "save the snapshot record")()
 	if err := Save(s); err != nil {
 		return nil, err
 	}
