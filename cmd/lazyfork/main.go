@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/alecthomas/kong"
 
@@ -64,6 +65,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var cli CLI
+	parsed := time.Now()
 	kctx := kong.Parse(&cli,
 		kong.Name("lazyfork"),
 		kong.Description("Fork running Linux containers."),
@@ -82,7 +84,9 @@ func main() {
 	paths.Set(cli.Root, cli.Run)
 	owned.SetParent(cli.CgroupParent)
 	if cli.Trace {
-		kctx.BindTo(trace.With(ctx, rec), (*context.Context)(nil))
+		ctx := trace.With(ctx, rec)
+		trace.Add(ctx, "parse the command line", parsed, time.Since(parsed))
+		kctx.BindTo(ctx, (*context.Context)(nil))
 	}
 	err := kctx.Run(&cli.Globals)
 	stop()

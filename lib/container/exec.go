@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/confine"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/store"
@@ -60,6 +61,10 @@ type execConfig struct {
 	Cwd  string   `json:"cwd"` // inside the container; "" = /
 	// Confine is the container's confinement (its record's), applied to the command.
 	Confine confine.Profile `json:"confine"`
+	// JoinTasks are the container's v1 `tasks` files: the helper's thread moves itself in
+	// first thing (cgroup.JoinThread), cheaper than the parent moving it; empty when the
+	// parent moved it (v2).
+	JoinTasks []string `json:"join_tasks,omitempty"`
 }
 
 // MaybeCgexec runs the exec helper and never returns if this process was started as one.
@@ -102,6 +107,10 @@ func execHelper() error {
 	}
 	if len(cfg.Args) == 0 || cfg.Pid <= 0 {
 		return errors.New("exec config without a command or a pid")
+	}
+	// This thread execs the command: in the container's cgroup before anything else.
+	if err := cgroup.JoinThread(cfg.JoinTasks); err != nil {
+		return err
 	}
 	pidfd := execFdPidfd
 
@@ -435,14 +444,18 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 		return nil, fail(err)
 	}
 	// In the container's cgroup before it does anything: what it runs is accounted to
-	// (and killed with) the container.
-	endJoin := trace.Step(ctx, "move the helper into its cgroup")
-	err = cg.AddProc(cmd.Process.Pid)
-	endJoin()
-	if err != nil {
-		return abort(err)
+	// (and killed with) the container. On v1 the helper's thread that will exec the
+	// command moves itself, first thing.
+	cfg := execConfig{Pid: c.Pid, Args: o.Args, Env: mergeEnv(c.Env, o.Env), Cwd: o.Cwd, Confine: c.ConfineProfile(),
+		JoinTasks: cg.ThreadJoinFiles()}
+	if len(cfg.JoinTasks) == 0 {
+		endJoin := trace.Step(ctx, "move the helper into its cgroup")
+		err = cg.AddProc(cmd.Process.Pid)
+		endJoin()
+		if err != nil {
+			return abort(err)
+		}
 	}
-	cfg := execConfig{Pid: c.Pid, Args: o.Args, Env: mergeEnv(c.Env, o.Env), Cwd: o.Cwd, Confine: c.ConfineProfile()}
 	if cfg.Cwd == "" {
 		cfg.Cwd = c.WorkingDir
 	}

@@ -52,8 +52,10 @@ func (r *Runtime) State(c *store.Container) string {
 	if !Alive(c) {
 		return store.StateExited
 	}
+	// Only the freezer's state: the whole accounting (Stats) read every hierarchy's
+	// files for each check of an exec or a fork.
 	if cg, err := Cgroup(c); err == nil {
-		if st, err := cg.Stats(); err == nil && st.Frozen {
+		if frozen, err := cg.Frozen(); err == nil && frozen {
 			return store.StateFrozen
 		}
 	}

@@ -72,7 +72,7 @@ func kdatDir() string { return criu.DefaultKdatDir() }
 func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o DumpOptions) (_ *stage.Snapshot, retErr error) {
 	ctx, end := trace.Start(ctx, "dump")
 	defer end()
-	endChecks := trace.Step(ctx, "check the source (cgroup, processes, allocators)")
+	endChecks := trace.Step(ctx, "check the source (state, cgroup, processes)")
 	defer func() { endChecks() }()
 	name := c.Display()
 	// The record names the processes, cgroup and upper the dump reads: refuse one that
@@ -99,6 +99,8 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	if !slices.Contains(pids, c.Pid) {
 		return nil, fmt.Errorf("dump %s: %w: its pid %d is not one of its cgroup's processes", name, stage.ErrForged, c.Pid)
 	}
+	endChecks()
+	endChecks = trace.Step(ctx, "look for zero-fill allocators in the maps")
 	if !o.Force {
 		if libs := liveAllocators(cg); len(libs) > 0 {
 			return nil, fmt.Errorf("dump %s: %w %s: it relies on MADV_DONTNEED returning zeros, which memory files do not; use glibc malloc, or --force to fork anyway", name, ErrAllocator, strings.Join(libs, ", "))

@@ -40,13 +40,15 @@ var GCLockWait = 30 * time.Second
 // nothing, when one cannot be read, parsed or trusted: a record it cannot read may be the
 // only reference to a family or a layer. It holds the state lock exclusively, so it never
 // runs while a dump, rewrite or restore is making things no record references yet.
-func GC(rt *container.Runtime) error { return gc(rt, GCLockWait) }
+func GC(rt *container.Runtime) error { return gc(context.Background(), rt, GCLockWait) }
 
 // Collect is GC after an operation (a fork, a start, a delete): when a dump, rewrite or
 // restore holds the state lock it returns nil at once instead of waiting, and the garbage
 // waits for the next collection (that operation's, the next delete's, `lazyfork gc`).
-func Collect(rt *container.Runtime) error {
-	if err := gc(rt, time.Nanosecond); err != nil && !errors.Is(err, ErrStateBusy) {
+func Collect(rt *container.Runtime) error { return collectCtx(context.Background(), rt) }
+
+func collectCtx(ctx context.Context, rt *container.Runtime) error {
+	if err := gc(ctx, rt, time.Nanosecond); err != nil && !errors.Is(err, ErrStateBusy) {
 		return err
 	}
 	return nil
@@ -54,11 +56,14 @@ func Collect(rt *container.Runtime) error {
 
 // collect is Collect timed (trace), its error dropped as after every operation.
 func collect(ctx context.Context, rt *container.Runtime) {
-	defer trace.Step(ctx, "collect garbage")()
-	_ = Collect(rt)
+	ctx, end := trace.Start(ctx, "collect garbage")
+	defer end()
+	_ = collectCtx(ctx, rt)
 }
 
-func gc(rt *container.Runtime, wait time.Duration) error {
+func gc(ctx context.Context, rt *container.Runtime, wait time.Duration) error {
+	endRead := trace.Step(ctx, "gc: locks, read every record and snapshot")
+	defer func() { endRead() }()
 	unlockState, err := LockState(context.Background(), true, wait)
 	if err != nil {
 		return fmt.Errorf("gc: %w", err)
@@ -114,6 +119,9 @@ func gc(rt *container.Runtime, wait time.Duration) error {
 		}
 	}
 
+	endRead()
+	endRead = func() {}
+	defer trace.Step(ctx, "gc: delete what nothing references")()
 	var errs []error
 	for _, c := range abandoned {
 		errs = append(errs, rt.Delete(c))

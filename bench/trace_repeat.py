@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Where a repeat fork + exec spends its time, step by step, for one or more builds side by side.
+
+    bench/trace_repeat.py [--heap 256] [-k 8] --bin OLD/bin --bin NEW/bin
+
+Starts one `lazyfork daemon run` per build (own socket, the same state roots), creates one
+source running bench/agent.py through the first build's daemon, forks it once (the swap),
+then for k rounds runs, for each build in turn, `lazyfork --trace fork SRC --name X --json`
+and `lazyfork --trace exec X -- hostname` through that build's daemon and deletes X. It
+prints, per build, the median wall time of both commands, of the source's pause (the agent's
+longest gap during the fork) and of every traced step (lib/trace; ids are folded). Every
+timing here is a measurement, never a target: run it on a quiet host, alone
+(`flock /tmp/lazyfork-bench.lock bench/trace_repeat.py ...`). Everything it creates is named
+trace-<pid>-... and deleted at the end, also on failure.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+AGENT = (HERE / "agent.py").read_text()
+IMAGE = os.environ.get("LF_BENCH_IMAGE", "lazyfork/debian:bookworm")
+PREFIX = f"trace-{os.getpid()}"
+IDS = re.compile(r"\b(s?[0-9a-f]{12})\b")
+LINE = re.compile(r"^\s*(-?[0-9.]+)\s+([0-9.]+)  (.*)$")
+
+
+def run(args, env, check=True, timeout=600):
+    p = subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, args))}: exit {p.returncode}: {p.stderr.strip()[-2000:]}")
+    return p
+
+
+def spans(stderr):
+    """{step name (ids folded, indented as printed): ms}, same-named steps summed."""
+    out = {}
+    for line in stderr.splitlines():
+        m = LINE.match(line)
+        if not m or m[3].startswith("("):
+            continue
+        name = IDS.sub("ID", m[3].replace(PREFIX, "X"))
+        out[name] = out.get(name, 0.0) + float(m[2])
+    return out
+
+
+class Build:
+    def __init__(self, i, bindir):
+        self.label, self.bin = f"{i}:{bindir}", Path(bindir)
+        self.sock = Path("/run/lazyfork") / f"{PREFIX}-{i}.sock"
+        self.env = dict(os.environ, LAZYFORK_SOCKET=str(self.sock), LAZYFORK_GROUP="none")
+        self.env.pop("LAZYFORK_LOCAL", None)
+        self.proc = None
+        # A build from before --trace gives wall times only.
+        help_text = run([self.bin / "lazyfork", "--help"], self.env, check=False).stdout
+        self.trace = ["--trace"] if "--trace" in help_text else []
+        self.rows = []  # per round: {"fork": ms, "exec": ms, "pause": ms, steps...}
+
+    def lf(self, *args, **kw):
+        return run([self.bin / "lazyfork", *args], self.env, **kw)
+
+    def start(self):
+        self.sock.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self.log = open(f"/tmp/{PREFIX}-daemon-{self.sock.stem}.log", "ab")
+        self.proc = subprocess.Popen([self.bin / "lazyfork", "daemon", "run"], env=self.env, stdin=subprocess.DEVNULL,
+                                     stdout=self.log, stderr=self.log, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while self.lf("daemon", "status", check=False).returncode != 0:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"daemon of {self.label} did not answer on {self.sock}")
+            time.sleep(0.1)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for f in (self.sock, Path(f"{self.sock}.lock")):
+            f.unlink(missing_ok=True)
+
+
+def pauses(b, src):
+    p = b.lf("exec", src, "--", "cat", "/tmp/lf-pauses", check=False)
+    out = []
+    for line in p.stdout.splitlines():
+        try:
+            t, g = line.split()
+            out.append((float(t), float(g)))
+        except ValueError:
+            pass
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", action="append", required=True, help="a build's bin directory (repeat to compare)")
+    ap.add_argument("--heap", type=int, default=256, help="the agent's heap, MiB")
+    ap.add_argument("-k", type=int, default=8, help="rounds (one repeat fork + exec per build each)")
+    ap.add_argument("--steps", action="store_true", help="also print every traced step's median")
+    ap.add_argument("--raw", metavar="DIR", help="write each command's trace there")
+    a = ap.parse_args()
+    builds = [Build(i, d) for i, d in enumerate(a.bin)]
+    src, made = None, []
+    try:
+        for b in builds:
+            b.start()
+        b0 = builds[0]
+        rec = json.loads(b0.lf("create", IMAGE, "--name", f"{PREFIX}-src", "--json", "--", "python3", "-c", AGENT,
+                               str(a.heap)).stdout)
+        src = rec["id"]
+        deadline = time.monotonic() + 120
+        while True:
+            info = next((r for r in json.loads(b0.lf("list", "--json").stdout or "[]") if r["id"] == src), {})
+            if info.get("memory_bytes", 0) >= a.heap * (1 << 20) * 0.97:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"source heap of {a.heap} MiB not resident after 120 s")
+            time.sleep(0.3)
+        time.sleep(1.2)
+        first = json.loads(b0.lf("fork", src, "--json").stdout.splitlines()[0])  # the swap
+        b0.lf("delete", first["id"])
+        spans_at = []
+        for r in range(a.k):
+            for b in builds:
+                name = f"{PREFIX}-{r}-{b.sock.stem[-1]}"
+                w0 = time.time()
+                t = time.monotonic()
+                pf = b.lf(*b.trace, "fork", src, "--name", name, "--json")
+                t_fork = (time.monotonic() - t) * 1000
+                w1 = time.time()
+                fid = json.loads(pf.stdout.splitlines()[0])["id"]
+                made.append((b, fid))
+                t = time.monotonic()
+                pe = b.lf(*b.trace, "exec", fid, "--", "hostname")
+                t_exec = (time.monotonic() - t) * 1000
+                if a.raw:
+                    Path(a.raw).mkdir(parents=True, exist_ok=True)
+                    for what, p in (("fork", pf), ("exec", pe)):
+                        (Path(a.raw) / f"{r}-{b.sock.stem[-1]}-{what}.txt").write_text(p.stderr)
+                row = {"fork command": t_fork, "exec command": t_exec, "fork + exec": t_fork + t_exec}
+                row.update({"fork: " + k: v for k, v in spans(pf.stderr).items()})
+                row.update({"exec: " + k: v for k, v in spans(pe.stderr).items()})
+                b.rows.append(row)
+                spans_at.append((b, row, w0, w1))
+                b.lf("delete", fid)
+                made.remove((b, fid))
+        gaps = pauses(b0, src)
+        for b, row, w0, w1 in spans_at:
+            row["source paused"] = max([g for e, g in gaps if w0 <= e <= w1 + 0.05] or [0.0])
+        print(f"# {a.k} repeat forks + exec of a {a.heap} MiB agent per build, medians in ms", file=sys.stderr)
+        keys = ["fork + exec", "fork command", "exec command", "source paused"]
+        if a.steps:
+            seen = []
+            for b in builds:
+                for row in b.rows:
+                    seen += [k for k in row if k not in keys and k not in seen]
+            keys += seen
+        width = max(len(k) for k in keys)
+        print(f"{'':{width}}  " + "  ".join(f"{b.label[:24]:>24}" for b in builds))
+        for k in keys:
+            cells = []
+            for b in builds:
+                vals = [row[k] for row in b.rows if k in row]
+                cells.append(f"{statistics.median(vals):24.1f}" if vals else f"{'-':>24}")
+            print(f"{k:{width}}  " + "  ".join(cells))
+    finally:
+        for b, fid in made:
+            b.lf("delete", fid, check=False)
+        if src:
+            builds[0].lf("delete", src, check=False)
+        for b in builds:
+            b.stop()
+
+
+if __name__ == "__main__":
+    main()
