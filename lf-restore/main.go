@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/stagecmd"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 type cli struct {
@@ -32,6 +33,7 @@ type cli struct {
 	// For comparison (bench/): the restore path LazyFork used before the criu service.
 	PerForkCriu bool `help:"Start a criu (swrk) per fork instead of serving the batch from one criu service (slower)."`
 	Progress    bool `help:"As each fork starts running, write its lazyfork.fork JSON line on stderr (for monitors such as bench/; stdout still gets the whole batch once it stands)."`
+	Trace       bool `help:"At the end, print on stderr how long each step of each fork took (lib/trace)."`
 }
 
 func main() {
@@ -44,6 +46,11 @@ func main() {
 
 func run(ctx context.Context, c cli) error {
 	owned.SetParent(c.CgroupParent)
+	if c.Trace {
+		rec := trace.New()
+		ctx = trace.With(ctx, rec)
+		defer rec.Write(os.Stderr)
+	}
 	rt, err := container.Open(c.Config)
 	if err != nil {
 		return err
