@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -107,5 +108,58 @@ func TestPorcelainThroughDaemon(t *testing.T) {
 	e.must("lazyfork daemon start")
 	if out, errOut, code := e.sh("LAZYFORK_ROOT=" + t.TempDir() + " lazyfork list -q"); code != 0 || strings.TrimSpace(out) != "" {
 		t.Errorf("list with another root went to the daemon: %q %s", out, errOut)
+	}
+}
+
+// --trace prints the command's steps with the daemon's own (the header and the exec
+// stream's trace frame), in both the fork and the exec of a fork, and changes nothing
+// on stdout; without a daemon it traces the steps run in-process.
+func TestTraceThroughDaemon(t *testing.T) {
+	e := newEnv(t)
+	e.withDaemon()
+	e.must("lazyfork daemon start")
+	e.counting("c1", 1)
+	steps := func(stderr string) map[string]bool {
+		got := map[string]bool{}
+		for _, line := range strings.Split(stderr, "\n") {
+			if f := strings.Fields(line); len(f) > 2 {
+				got[strings.Join(f[2:], " ")] = true
+			}
+		}
+		return got
+	}
+	for i, want := range [][]string{
+		// The first fork moves c1 onto its snapshot; the second dumps what it changed.
+		{"find the daemon", "daemon: dump", "daemon: criu: request DUMP until the answer", "daemon: criu restore", "daemon: write the record"},
+		{"daemon: dump", "daemon: memfile: move the memory into the family's files", "daemon: criu restore"},
+	} {
+		out, errOut, code := e.sh("lazyfork --trace fork c1 --json")
+		if code != 0 {
+			t.Fatalf("fork %d: exit %d: %s", i, code, errOut)
+		}
+		var f struct{ ID string }
+		if err := json.Unmarshal([]byte(out), &f); err != nil || f.ID == "" {
+			t.Fatalf("fork %d: stdout is not the fork's JSON line: %q", i, out)
+		}
+		got := steps(errOut)
+		for _, w := range want {
+			if !got[w] {
+				t.Errorf("fork %d: no step %q in the trace:\n%s", i, w, errOut)
+			}
+		}
+		out, errOut, code = e.sh("lazyfork --trace exec " + f.ID + " -- hostname")
+		if code != 0 || strings.TrimSpace(out) != f.ID {
+			t.Fatalf("exec: exit %d, stdout %q: %s", code, out, errOut)
+		}
+		if got := steps(errOut); !got["daemon: exec "+f.ID] || !got["daemon: the command runs"] {
+			t.Errorf("exec trace without the daemon's steps:\n%s", errOut)
+		}
+	}
+	if _, errOut, _ := e.sh("lazyfork list"); strings.Contains(errOut, "start ms") {
+		t.Errorf("a command without --trace printed a trace: %s", errOut)
+	}
+	e.must("lazyfork daemon stop")
+	if _, errOut, code := e.sh("lazyfork --trace exec c1 -- true"); code != 0 || !steps(errOut)["exec c1"] {
+		t.Errorf("in-process exec trace: exit %d:\n%s", code, errOut)
 	}
 }
