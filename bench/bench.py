@@ -56,6 +56,21 @@ class Interrupted(BaseException):  # not swallowed by "except Exception"
     pass
 
 
+def end(p, grace):
+    """Ends child p (one this run started): SIGTERM, then SIGKILL after grace seconds.
+    Returns True when it had to be killed."""
+    if p.poll() is not None:
+        return False
+    p.terminate()
+    try:
+        p.wait(timeout=grace)
+        return False
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        return True
+
+
 def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -247,13 +262,7 @@ class Bench:
                     pass
             p.wait(timeout=timeout)
         except BaseException:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=90)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            end(p, 90)
             raise
         finally:
             for th in ths:
@@ -1001,14 +1010,8 @@ class Bench:
         if d is None:
             return []
         errs = []
-        if d.poll() is None:
-            d.terminate()
-            try:
-                d.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                d.kill()
-                d.wait()
-                errs.append(f"daemon {d.pid} did not stop on SIGTERM within 60 s: killed")
+        if end(d, 60):
+            errs.append(f"daemon {d.pid} did not stop on SIGTERM within 60 s: killed")
         for f in (self.daemon_sock, Path(f"{self.daemon_sock}.lock")):  # this run's own names
             f.unlink(missing_ok=True)
         return errs

@@ -61,6 +61,20 @@ def xaxis(ax, rows):
     ax.minorticks_off() if len(ns) > 2 else None
 
 
+def n_axes(axs, rows, which="both"):
+    """Finishes axes over N: the forks as ticks, a grid, the legend."""
+    for ax in axs:
+        xaxis(ax, rows)
+        ax.grid(True, which=which, alpha=0.3)
+        ax.legend(fontsize=8)
+
+
+def save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def render(out):
     out = Path(out)
     rows = load(out / "rows.csv")
@@ -73,13 +87,8 @@ def render(out):
     axs[0].annotate("target 0.8 MB", (1, 0.85), fontsize=8, color="gray")
     lines(axs[1], rows, base, "forks_mem_total_bytes", MB, label_n=True)
     axs[1].set(title="Memory of all forks together (beyond the parent)", xlabel="forks (N)", ylabel="MB", yscale="log")
-    for ax in axs:
-        xaxis(ax, rows)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "memory_vs_n.png", dpi=110)
-    plt.close(fig)
+    n_axes(axs, rows)
+    save(fig, out / "memory_vs_n.png")
 
     fig, axs = plt.subplots(1, 2, figsize=(13, 5))
     lines(axs[0], rows, base + ["lazyfork-swrk"], "restore_p50_ms")
@@ -93,23 +102,14 @@ def render(out):
     lines(axs[1], rows, base + ["lazyfork-e2e", "lazyfork-swrk"], "wall_ms", 1000, label_n=True)
     axs[1].set(title="Wall time to make N forks", xlabel="forks (N)", ylabel="s", yscale="log")
     axs[1].axhline(4, color="gray", lw=0.8, ls="--")
-    for ax in axs:
-        xaxis(ax, rows)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "latency_vs_n.png", dpi=110)
-    plt.close(fig)
+    n_axes(axs, rows)
+    save(fig, out / "latency_vs_n.png")
 
     fig, ax = plt.subplots(figsize=(7, 5))
     lines(ax, rows, ["plain-criu", "lazyfork", "lazyfork-share"], "family_ram_bytes", MB, label_n=True)
     ax.set(title="Family RAM: source + forks (+ memory files)", xlabel="forks (N)", ylabel="MB", yscale="log")
-    xaxis(ax, rows)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "family_ram.png", dpi=110)
-    plt.close(fig)
+    n_axes([ax], rows, which="major")
+    save(fig, out / "family_ram.png")
 
     lin = load(out / "lineage.csv")
     if lin:
@@ -126,9 +126,7 @@ def render(out):
         h1, l1 = ax.get_legend_handles_labels()
         h2, l2 = ax2.get_legend_handles_labels()
         ax.legend(h1 + h2, l1 + l2, fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "lineage.png", dpi=110)
-        plt.close(fig)
+        save(fig, out / "lineage.png")
 
     cp = load(out / "memfile_vs_copy.csv")
     if cp:
@@ -141,9 +139,7 @@ def render(out):
         ax.set_xticks([j + 0.4 - wdt / 2 for j in range(3)], labels)
         ax.set(title="Writing the memory files vs a plain copy on the same tmpfs", ylabel="MB/s")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "memfile_vs_copy.png", dpi=110)
-        plt.close(fig)
+        save(fig, out / "memfile_vs_copy.png")
 
 
 if __name__ == "__main__":

@@ -29,11 +29,30 @@ def table(head, rows):
     return "\n".join(out)
 
 
+def ran(rows, *methods):
+    """The rows of these methods that forked."""
+    return [r for r in rows if r["method"] in methods and r.get("forks_run")]
+
+
 def pick(rows, method, heap, n=None):
-    rs = [r for r in rows if r["method"] == method and r["heap_mb"] == heap and r.get("forks_run")]
+    rs = [r for r in ran(rows, method) if r["heap_mb"] == heap]
     if n is not None:
         rs = [r for r in rs if r["n"] == n]
     return rs
+
+
+def beside_default(rows, variant, pairs, cells, any_n=False):
+    """Rows of a before/after table: each run of the variant (by heap and N) beside the
+    default lazyfork run of the same heap and N (any N with any_n), in the order
+    pairs(run, default) gives as (label, row, *extra) tuples; cells(row, label, *extra) are
+    the table's cells. A run that is missing is left out."""
+    out = []
+    for r in sorted(variant, key=lambda r: (r["heap_mb"], r["n"])):
+        base = pick(rows, "lazyfork", r["heap_mb"], r["n"]) or (pick(rows, "lazyfork", r["heap_mb"]) if any_n else [])
+        for lab, x, *extra in pairs(r, base[0] if base else None):
+            if x is not None:
+                out.append(cells(x, lab, *extra))
+    return out
 
 
 def render(b):
@@ -115,7 +134,7 @@ def render(b):
         w("")
 
     # ---- family RAM ----
-    sh = [r for r in rows if r["method"] == "lazyfork-share" and r.get("forks_run")]
+    sh = ran(rows, "lazyfork-share")
     w("## One copy of the memory per family")
     w("")
     if sh:
@@ -127,16 +146,12 @@ def render(b):
           f"Command of the moved-source rows: `lazyfork {mode}`. The source's pause is the longest gap its agent saw between two 20 ms "
           f"wake-ups: the dump, rewrite and restore in place when the source moves; the one dump without.")
         w("")
-        rs = []
-        for r in sorted(sh, key=lambda r: (r["heap_mb"], r["n"])):
-            base = pick(rows, "lazyfork", r["heap_mb"], r["n"])
-            for lab, x, forks in (("forks share the files, source keeps its heap", base[0] if base else None, "forks_mem_list_total_bytes"),
-                                  (f"source moved onto the snapshot (`{mode}`)", r, "forks_mem_total_bytes")):
-                if x is None:
-                    continue
-                rs.append([x["heap_mb"], x["n"], lab, mb(x.get("parent_mem_bytes"), 1), mb(x.get(forks), 1),
-                           mb(x.get("family_files_bytes"), 1), mb(x.get("family_shmem_bytes"), 1),
-                           f"**{mb(x.get('family_ram_bytes'), 1)}**", ms(x.get("source_pause_ms"))])
+        rs = beside_default(
+            rows, sh, lambda r, base: (("forks share the files, source keeps its heap", base, "forks_mem_list_total_bytes"),
+                                       (f"source moved onto the snapshot (`{mode}`)", r, "forks_mem_total_bytes")),
+            lambda x, lab, forks: [x["heap_mb"], x["n"], lab, mb(x.get("parent_mem_bytes"), 1), mb(x.get(forks), 1),
+                                   mb(x.get("family_files_bytes"), 1), mb(x.get("family_shmem_bytes"), 1),
+                                   f"**{mb(x.get('family_ram_bytes'), 1)}**", ms(x.get("source_pause_ms"))])
         w(table(["heap MiB", "N", "mode", "source MB", "forks MB", "memory files MB", "tmpfs growth (Shmem) MB",
                  "family RAM MB", "source paused ms"], rs))
     else:
@@ -144,25 +159,22 @@ def render(b):
     w("")
 
     # ---- before/after file-private conversion ----
-    anon = [r for r in rows if r["method"] == "lazyfork-anon-only" and r.get("forks_run")]
+    anon = ran(rows, "lazyfork-anon-only")
     if anon:
         w("## Converting copied-on-write pages of file mappings (before / after)")
         w("")
-        rs = []
-        for r in anon:
-            full = pick(rows, "lazyfork", r["heap_mb"], r["n"]) or pick(rows, "lazyfork", r["heap_mb"])
-            for lab, x in (("anonymous memory only (`lf-memfile --no-file-private`)", r),
-                           ("anonymous + file-private pages (default)", full[0] if full else None)):
-                if x is None:
-                    continue
-                rs.append([x["heap_mb"], x["n"], lab, mb(x["fork_mem_p50_bytes"], 3), mb(x.get("rss_p50_bytes"), 3),
-                           mb(x.get("kmem_p50_bytes"), 3), mb(x.get("owned_p50_bytes"), 3), ms(x["restore_p50_ms"])])
+        rs = beside_default(
+            rows, anon, lambda r, full: (("anonymous memory only (`lf-memfile --no-file-private`)", r),
+                                         ("anonymous + file-private pages (default)", full)),
+            lambda x, lab: [x["heap_mb"], x["n"], lab, mb(x["fork_mem_p50_bytes"], 3), mb(x.get("rss_p50_bytes"), 3),
+                            mb(x.get("kmem_p50_bytes"), 3), mb(x.get("owned_p50_bytes"), 3), ms(x["restore_p50_ms"])],
+            any_n=True)
         w(table(["heap MiB", "N", "image rewrite", "MB per fork (p50)", "rss", "kmem", "owned (smaps)",
                  "restore ms p50"], rs))
         w("")
 
     # ---- huge pages before/after ----
-    huge = [r for r in rows if r["method"] == "lazyfork-huge" and r.get("forks_run")]
+    huge = ran(rows, "lazyfork-huge")
     if huge:
         w("## Huge pages for the memory files (`lf-memfile --huge-pages`, `lazyfork fork --huge-pages`)")
         w("")
@@ -171,22 +183,19 @@ def render(b):
           "anonymous memory in one huge page (MADV_COLLAPSE), which forks map with no page table. It is not the "
           "default because collapsing slows the rewrite (see memfile ms and the snapshot table).")
         w("")
-        rs = []
-        for r in sorted(huge, key=lambda r: (r["heap_mb"], r["n"])):
-            base = (pick(rows, "lazyfork", r["heap_mb"], r["n"]) or [None])[0]
-            snap_default = next((s for s in b.snaps if s["heap_mb"] == r["heap_mb"] and s["kind"] == "memfiled"), {})
-            for lab, x, mfms in (("4 KiB pages (default)", base, snap_default.get("memfile_ms")),
-                                 ("huge pages", r, r.get("memfile_ms"))):
-                if x is None:
-                    continue
-                rs.append([x["heap_mb"], x["n"], lab, mb(x["fork_mem_p50_bytes"], 3), mb(x.get("kmem_p50_bytes"), 3),
-                           mb(x.get("pte_p50_bytes"), 3), ms(x["restore_p50_ms"]), ms(mfms)])
+        def default_memfile_ms(r):
+            return next((s for s in b.snaps if s["heap_mb"] == r["heap_mb"] and s["kind"] == "memfiled"), {}).get("memfile_ms")
+        rs = beside_default(
+            rows, huge, lambda r, base: (("4 KiB pages (default)", base, default_memfile_ms(r)),
+                                         ("huge pages", r, r.get("memfile_ms"))),
+            lambda x, lab, mfms: [x["heap_mb"], x["n"], lab, mb(x["fork_mem_p50_bytes"], 3), mb(x.get("kmem_p50_bytes"), 3),
+                                  mb(x.get("pte_p50_bytes"), 3), ms(x["restore_p50_ms"]), ms(mfms)])
         w(table(["heap MiB", "N", "memory files", "MB per fork (p50)", "kmem", "page tables (VmPTE)",
                  "restore ms p50", "memfile ms"], rs))
         w("")
 
     # ---- confinement: confined (default) vs --privileged ----
-    conf = [r for r in rows if r["method"] in ("lazyfork-confined", "lazyfork-privileged") and r.get("forks_run")]
+    conf = ran(rows, "lazyfork-confined", "lazyfork-privileged")
     if conf:
         w("## What confinement costs a fork (default vs `lazyfork create --privileged`)")
         w("")
@@ -238,7 +247,7 @@ def render(b):
         w("")
 
     # ---- forking a live container again and again ----
-    rep = [r for r in rows if r["method"] in REPEAT and r.get("forks_run")]
+    rep = ran(rows, *REPEAT)
     if rep:
         w("## Forking a live container again and again (default vs `--copy` vs plain CRIU)")
         w("")
@@ -268,7 +277,7 @@ def render(b):
         w("")
 
     # ---- many forks in one call ----
-    sc = sorted([r for r in rows if r["method"] == "lazyfork-scale" and r.get("forks_run")], key=lambda r: r["n"])
+    sc = sorted(ran(rows, "lazyfork-scale"), key=lambda r: r["n"])
     if sc:
         w("## Many forks in one call")
         w("")
@@ -288,7 +297,7 @@ def render(b):
         w("")
 
     # ---- restore path before/after ----
-    swrk = [r for r in rows if r["method"] == "lazyfork-swrk" and r.get("forks_run")]
+    swrk = ran(rows, "lazyfork-swrk")
     if swrk:
         w("## Restore path: a criu per fork (before) vs one criu service per batch (after)")
         w("")
@@ -298,14 +307,10 @@ def render(b):
           "loads the probe cache, joins the fork's cgroups and restores. Same snapshot, same N, run one after "
           "the other.")
         w("")
-        rs = []
-        for r in sorted(swrk, key=lambda r: (r["heap_mb"], r["n"])):
-            svc = (pick(rows, "lazyfork", r["heap_mb"], r["n"]) or [None])[0]
-            for lab, x in (("criu per fork (before)", r), ("criu service (after)", svc)):
-                if x is None:
-                    continue
-                rs.append([x["heap_mb"], x["n"], lab, f"{ms(x['restore_p50_ms'])} / {ms(x['restore_p95_ms'])}",
-                           ms(x["wall_ms"]), mb(x["fork_mem_p50_bytes"], 3)])
+        rs = beside_default(
+            rows, swrk, lambda r, svc: (("criu per fork (before)", r), ("criu service (after)", svc)),
+            lambda x, lab: [x["heap_mb"], x["n"], lab, f"{ms(x['restore_p50_ms'])} / {ms(x['restore_p95_ms'])}",
+                            ms(x["wall_ms"]), mb(x["fork_mem_p50_bytes"], 3)])
         w(table(["heap MiB", "N", "restore path", "restore ms p50 / p95", "wall ms", "MB per fork (p50)"], rs))
         w("")
 
@@ -332,7 +337,7 @@ def render(b):
               f"~{per * 4096 / MB:.2f} MB per level.")
             w("")
 
-    lp = [r for r in rows if r["method"] == "criu-lazy-pages" and r.get("forks_run")]
+    lp = ran(rows, "criu-lazy-pages")
     if lp:
         r1 = min(lp, key=lambda r: (r["heap_mb"] != th, r["n"]))
         b.notes.insert(0, f"CRIU lazy-pages works on this host (userfaultfd): `criu restore --lazy-pages` returns "
