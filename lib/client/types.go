@@ -210,7 +210,7 @@ const (
 	CodeImageNotFound   = "image_not_found"       // 404
 	CodeUnknownRoute    = "unknown_route"         // 404
 	CodeMethod          = "method_not_allowed"    // 405
-	CodeAmbiguous       = "ambiguous"             // 409: an id prefix matches several containers
+	CodeAmbiguous       = "ambiguous"             // 409: an id prefix matches several containers (or trees)
 	CodeTimeout         = "request_timeout"       // 408: the request body did not arrive in time
 	CodeNameInUse       = "name_in_use"           // 409
 	CodeInvalidState    = "invalid_state"         // 409: e.g. exec in a frozen or stopped container

@@ -15,6 +15,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/image"
+	"github.com/lazyfork/lazyfork/lib/resolve"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
 	"github.com/lazyfork/lazyfork/lib/store"
 )
@@ -27,7 +28,7 @@ var errorKinds = []struct {
 }{
 	{[]error{guard.ErrBusy}, client.CodeBusy, http.StatusConflict},
 	{[]error{store.ErrNotFound}, client.CodeNotFound, http.StatusNotFound},
-	{[]error{store.ErrAmbiguous}, client.CodeAmbiguous, http.StatusConflict},
+	{[]error{resolve.ErrAmbiguous}, client.CodeAmbiguous, http.StatusConflict},
 	{[]error{store.ErrNameInUse}, client.CodeNameInUse, http.StatusConflict},
 	{[]error{store.ErrBadName}, client.CodeInvalidName, http.StatusBadRequest},
 	{[]error{image.ErrNotFound}, client.CodeImageNotFound, http.StatusNotFound},

@@ -171,13 +171,7 @@ func (s *Service) Fork(ctx context.Context, ref string, req client.ForkRequest, 
 	if err != nil {
 		return nil, err
 	}
-	ho, err := hookOptions(req.HookOptions)
-	if err != nil {
-		return nil, err
-	}
-	endLock := trace.Step(ctx, "lock the container")
-	c, unlock, err := guard.Lock(ctx, s.RT.Containers, ref, 0)
-	endLock()
+	c, ho, unlock, err := s.lockForDump(ctx, ref, req.HookOptions)
 	if err != nil {
 		return nil, err
 	}
@@ -262,13 +256,22 @@ func hookOptions(o client.HookOptions) (hook.Options, error) {
 	return hook.Options{Timeout: time.Duration(o.HookTimeout * float64(time.Second)), Force: o.HookForce}, nil
 }
 
+// lockForDump checks a dumping request's hook options, then takes ref's lock: a bad
+// request waits for no lock.
+func (s *Service) lockForDump(ctx context.Context, ref string, o client.HookOptions) (*store.Container, hook.Options, func(), error) {
+	ho, err := hookOptions(o)
+	if err != nil {
+		return nil, ho, nil, err
+	}
+	endLock := trace.Step(ctx, "lock the container")
+	c, unlock, err := guard.Lock(ctx, s.RT.Containers, ref, 0)
+	endLock()
+	return c, ho, unlock, err
+}
+
 // Stop snapshots ref and ends its processes.
 func (s *Service) Stop(ctx context.Context, ref string, req client.StopRequest) (*client.Info, error) {
-	ho, err := hookOptions(req.HookOptions)
-	if err != nil {
-		return nil, err
-	}
-	c, unlock, err := guard.Lock(ctx, s.RT.Containers, ref, 0)
+	c, ho, unlock, err := s.lockForDump(ctx, ref, req.HookOptions)
 	if err != nil {
 		return nil, err
 	}

@@ -299,19 +299,8 @@ func TestBridgeBadSettings(t *testing.T) {
 	}
 }
 
-const echoServer = `import socket, threading
-srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("0.0.0.0", 9000)); srv.listen(16)
-def serve(c):
-    while True:
-        d = c.recv(64)
-        if not d:
-            return
-        c.sendall(d)
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-`
+// echoServer echoes what it reads, on every address of the container.
+var echoServer = testutil.TCPServer("0.0.0.0", 9000, "")
 
 // echoClient keeps one connection to the echo server at argv[1] and reports each round
 // trip, or how the connection ended.

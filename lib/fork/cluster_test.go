@@ -167,7 +167,7 @@ func netnsHolders(ns string) []string {
 func TestBridgeClusterFork(t *testing.T) {
 	rt := bridgeRuntime(t, 24)
 	br := rt.Network.Bridge
-	server := strings.Replace(testutil.LoopbackServer, `("127.0.0.1", 8080)`, `("0.0.0.0", 8080)`, 1)
+	server := testutil.TCPServer("0.0.0.0", 8080, "pong ")
 	srv, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "srv", Net: container.NetBridge, Command: []string{"python3", "-c", server}})
 	if err != nil {
 		t.Fatal(err)
@@ -292,7 +292,7 @@ func TestBridgeClusterFork(t *testing.T) {
 func TestClusterStopStart(t *testing.T) {
 	rt := bridgeRuntime(t, 24)
 	br := rt.Network.Bridge
-	server := strings.Replace(testutil.LoopbackServer, `("127.0.0.1", 8080)`, `("0.0.0.0", 8080)`, 1)
+	server := testutil.TCPServer("0.0.0.0", 8080, "pong ")
 	srv, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "srv", Net: container.NetBridge, Command: []string{"python3", "-c", server}})
 	if err != nil {
 		t.Fatal(err)

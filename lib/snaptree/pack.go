@@ -344,7 +344,7 @@ type extentMap struct {
 }
 
 // packFile writes memory file src into store as name and name.map, through temp names.
-func packFile(store, name, src string) (retErr error) {
+func packFile(store, name, src string) error {
 	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -357,60 +357,38 @@ func packFile(store, name, src string) (retErr error) {
 	if !fi.Mode().IsRegular() {
 		return fmt.Errorf("%s is not a regular file", src)
 	}
-	tmp := filepath.Join(store, ".lf-tmp-"+name)
-	_ = os.Remove(tmp)
-	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		out.Close()
-		if retErr != nil {
-			_ = os.Remove(tmp)
+	return writeThrough(filepath.Join(store, name), func(out *os.File) error {
+		m := extentMap{Size: fi.Size(), Mode: uint32(fi.Mode().Perm()), Extents: [][2]int64{}}
+		buf := make([]byte, 1<<20)
+		var at int64
+		for off := int64(0); off < fi.Size(); {
+			data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+			if errors.Is(err, unix.ENXIO) {
+				break // no data after off
+			}
+			if err != nil {
+				return err
+			}
+			hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
+			if err != nil {
+				return err
+			}
+			if err := copyRange(out, at, in, data, hole-data, buf); err != nil {
+				return fmt.Errorf("pack %s: %w", src, err)
+			}
+			m.Extents = append(m.Extents, [2]int64{data, hole - data})
+			at += hole - data
+			off = hole
 		}
-	}()
-	m := extentMap{Size: fi.Size(), Mode: uint32(fi.Mode().Perm()), Extents: [][2]int64{}}
-	buf := make([]byte, 1<<20)
-	var at int64
-	for off := int64(0); off < fi.Size(); {
-		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // no data after off
-		}
-		if err != nil {
-			return err
-		}
-		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return err
-		}
-		if err := copyRange(out, at, in, data, hole-data, buf); err != nil {
-			return fmt.Errorf("pack %s: %w", src, err)
-		}
-		m.Extents = append(m.Extents, [2]int64{data, hole - data})
-		at += hole - data
-		off = hole
-	}
-	if err := out.Close(); err != nil {
-		return err
-	}
-	if err := fsutil.WriteJSON(filepath.Join(store, name+".map"), &m); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(store, name))
+		// The map before the data's final name: a packed file is whole once it has both.
+		return fsutil.WriteJSON(filepath.Join(store, name+".map"), &m)
+	})
 }
 
-// unpackFile rebuilds memory file dst from store's name and name.map.
-func unpackFile(dst, store, name string) (retErr error) {
-	var m extentMap
-	if err := fsutil.ReadJSON(filepath.Join(store, name+".map"), &m); err != nil {
-		return err
-	}
-	in, err := os.OpenFile(filepath.Join(store, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
+// writeThrough writes dst through a temp name beside it (created anew, no symlink
+// followed): fill writes the file, which takes dst's name only once fill and the close
+// succeeded; otherwise the temp name is removed.
+func writeThrough(dst string, fill func(out *os.File) error) (retErr error) {
 	tmp := filepath.Join(filepath.Dir(dst), ".lf-tmp-"+filepath.Base(dst))
 	_ = os.Remove(tmp)
 	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
@@ -423,27 +401,43 @@ func unpackFile(dst, store, name string) (retErr error) {
 			_ = os.Remove(tmp)
 		}
 	}()
-	if err := out.Truncate(m.Size); err != nil {
-		return err
-	}
-	buf := make([]byte, 1<<20)
-	var at int64
-	for _, e := range m.Extents {
-		if e[0] < 0 || e[1] < 0 || e[0]+e[1] > m.Size {
-			return fmt.Errorf("unpack %s: extent %v outside its size %d", name, e, m.Size)
-		}
-		if err := copyRange(out, e[0], in, at, e[1], buf); err != nil {
-			return fmt.Errorf("unpack %s: %w", name, err)
-		}
-		at += e[1]
-	}
-	if err := out.Chmod(os.FileMode(m.Mode) & 0o777); err != nil {
+	if err := fill(out); err != nil {
 		return err
 	}
 	if err := out.Close(); err != nil {
 		return err
 	}
 	return os.Rename(tmp, dst)
+}
+
+// unpackFile rebuilds memory file dst from store's name and name.map.
+func unpackFile(dst, store, name string) error {
+	var m extentMap
+	if err := fsutil.ReadJSON(filepath.Join(store, name+".map"), &m); err != nil {
+		return err
+	}
+	in, err := os.OpenFile(filepath.Join(store, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	return writeThrough(dst, func(out *os.File) error {
+		if err := out.Truncate(m.Size); err != nil {
+			return err
+		}
+		buf := make([]byte, 1<<20)
+		var at int64
+		for _, e := range m.Extents {
+			if e[0] < 0 || e[1] < 0 || e[0]+e[1] > m.Size {
+				return fmt.Errorf("unpack %s: extent %v outside its size %d", name, e, m.Size)
+			}
+			if err := copyRange(out, e[0], in, at, e[1], buf); err != nil {
+				return fmt.Errorf("unpack %s: %w", name, err)
+			}
+			at += e[1]
+		}
+		return out.Chmod(os.FileMode(m.Mode) & 0o777)
+	})
 }
 
 // copyRange copies n bytes from in at inOff to out at outOff.

@@ -5,6 +5,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/lazyfork/lazyfork/lib/resolve"
 )
 
 // TestResolve: a whole id (read directly, without listing the store), a name, a unique id
@@ -32,7 +34,7 @@ func TestResolve(t *testing.T) {
 			t.Errorf("Resolve(%q) = %v, %v; want %s", ref, c, err, want)
 		}
 	}
-	if _, err := s.Resolve("0a"); !errors.Is(err, ErrAmbiguous) {
+	if _, err := s.Resolve("0a"); !errors.Is(err, resolve.ErrAmbiguous) || err.Error() != `ambiguous container reference "0a" matches 0a0000000001, 0a0000000002: give more of the id` {
 		t.Errorf("Resolve(0a): %v, want ambiguous", err)
 	}
 	for _, ref := range []string{"0c0000000000", "gamma", "0c", ""} {

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +19,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/confine"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/resolve"
 )
 
 // RecordVersion is the version of container.json this code writes and accepts.
@@ -37,7 +37,6 @@ const (
 // Errors of the store; each carries the exit status a command gives it (lib/exitcode).
 var (
 	ErrNotFound  = exitcode.NewNotFound("no such container")
-	ErrAmbiguous = exitcode.Kind{Msg: "ambiguous container reference", Code: exitcode.Usage}
 	ErrNameInUse = errors.New("name already in use")
 	ErrBadName   = exitcode.Kind{Msg: "invalid name", Code: exitcode.Usage}
 )
@@ -248,27 +247,11 @@ func (s *Store) Resolve(ref string) (*Container, error) {
 	if err != nil {
 		return nil, err
 	}
-	var byPrefix []*Container
-	for _, c := range all {
-		if c.Name == ref || c.ID == ref {
-			return c, nil
-		}
-		if strings.HasPrefix(c.ID, ref) {
-			byPrefix = append(byPrefix, c)
-		}
+	c, found, err := resolve.Find(all, ref, "container", 1, func(c *Container) (string, string) { return c.ID, c.Name })
+	if err == nil && !found {
+		err = fmt.Errorf("%w %q (see: lazyfork list)", ErrNotFound, ref)
 	}
-	switch len(byPrefix) {
-	case 1:
-		return byPrefix[0], nil
-	case 0:
-		return nil, fmt.Errorf("%w %q (see: lazyfork list)", ErrNotFound, ref)
-	default:
-		ids := make([]string, len(byPrefix))
-		for i, c := range byPrefix {
-			ids[i] = c.ID
-		}
-		return nil, fmt.Errorf("%w %q matches %s: give more of the id", ErrAmbiguous, ref, strings.Join(ids, ", "))
-	}
+	return c, err
 }
 
 // NamesInUse maps the name of every named record to its id. Hold the lock when the answer

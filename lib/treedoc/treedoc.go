@@ -23,6 +23,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/resolve"
 )
 
 // Kind and Version of tree.json; readers reject other versions.
@@ -401,22 +402,14 @@ func Resolve(ref string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var hits []string
-	for _, t := range all {
-		if t.Name == ref && ref != "" {
-			return t.ID, nil
-		}
-		if len(ref) >= 2 && len(ref) <= len(t.ID) && t.ID[:len(ref)] == ref {
-			hits = append(hits, t.ID)
-		}
+	t, found, err := resolve.Find(all, ref, "tree", 2, func(t *Tree) (string, string) { return t.ID, t.Name })
+	if err != nil {
+		return "", err
 	}
-	if len(hits) == 1 {
-		return hits[0], nil
+	if !found {
+		return "", fmt.Errorf("%w %q (see: lazyfork tree ls)", ErrNoTree, ref)
 	}
-	if len(hits) > 1 {
-		return "", fmt.Errorf("tree %q is ambiguous (%v): give more of the id", ref, hits)
-	}
-	return "", fmt.Errorf("%w %q (see: lazyfork tree ls)", ErrNoTree, ref)
+	return t.ID, nil
 }
 
 // Read reads tree ref (id, unique id prefix or name) as written by its last operation,
