@@ -184,17 +184,22 @@ snapshot "$work/before"
 say "root: $(grep PRETTY_NAME "$root/etc/os-release" | cut -d= -f2), $(wc -l <"$work/before/dpkg") packages; apt sources: $(cd "$root/etc/apt" && ls -d sources.list* preferences* 2>/dev/null | tr '\n' ' ')"
 
 # 2. The set-up, as a user runs it.
-say "running scripts/setup.sh in the root (kernel $(uname -r))"
-t=$(date +%s.%N)
-set +e
-in_root bash /root/lazyfork/scripts/setup.sh >"$work/setup1.log" 2>&1
-setup_rc=$?
-set -e
-setup_time=$(since "$t")
 show_log() { # setup.sh's own lines and apt's errors; all of it when it failed
   if [ "$2" = 0 ]; then grep -E '^(setup:|E:|W:)' "$1" | sed 's/^/  | /' >&2 || true; else sed 's/^/  | /' "$1" >&2; fi
 }
-show_log "$work/setup1.log" "$setup_rc"
+run_setup() { # LOG: setup.sh in the root, its output in LOG (shown); sets rc and secs
+  local t
+  t=$(date +%s.%N)
+  set +e
+  in_root bash /root/lazyfork/scripts/setup.sh >"$1" 2>&1
+  rc=$?
+  set -e
+  secs=$(since "$t")
+  show_log "$1" "$rc"
+}
+say "running scripts/setup.sh in the root (kernel $(uname -r))"
+run_setup "$work/setup1.log"
+setup_rc=$rc setup_time=$secs
 snapshot "$work/after"
 
 fails=()
@@ -315,13 +320,8 @@ private_bytes=$(du -sb "$root/usr/local/lib/lazyfork" 2>/dev/null | cut -f1 || t
 private_bytes=${private_bytes:-0}
 
 # 6. A second run changes nothing and says criu is ok.
-t=$(date +%s.%N)
-set +e
-in_root bash /root/lazyfork/scripts/setup.sh >"$work/setup2.log" 2>&1
-setup2_rc=$?
-set -e
-setup2_time=$(since "$t")
-show_log "$work/setup2.log" "$setup2_rc"
+run_setup "$work/setup2.log"
+setup2_rc=$rc setup2_time=$secs
 snapshot "$work/again"
 check "$setup2_rc" "second setup.sh exited $setup2_rc (${setup2_time} s)"
 check "$(cmp -s "$work/after/dpkg" "$work/again/dpkg" && echo 0 || echo 1)" "second run: same dpkg list $(diff "$work/after/dpkg" "$work/again/dpkg" | grep '^[<>]' | paste -sd';' - || true)"

@@ -37,24 +37,22 @@ const (
 	CgroupIgnore
 )
 
+// cgroupModes maps each mode to CRIU's.
+var cgroupModes = [...]rpc.CriuCgMode{
+	CgroupDefault: rpc.CriuCgMode_DEFAULT,
+	CgroupSoft:    rpc.CriuCgMode_SOFT,
+	CgroupFull:    rpc.CriuCgMode_FULL,
+	CgroupStrict:  rpc.CriuCgMode_STRICT,
+	CgroupNone:    rpc.CriuCgMode_CG_NONE,
+	CgroupProps:   rpc.CriuCgMode_PROPS,
+	CgroupIgnore:  rpc.CriuCgMode_IGNORE,
+}
+
 func (m CgroupMode) rpc() (rpc.CriuCgMode, error) {
-	switch m {
-	case CgroupDefault:
-		return rpc.CriuCgMode_DEFAULT, nil
-	case CgroupSoft:
-		return rpc.CriuCgMode_SOFT, nil
-	case CgroupFull:
-		return rpc.CriuCgMode_FULL, nil
-	case CgroupStrict:
-		return rpc.CriuCgMode_STRICT, nil
-	case CgroupNone:
-		return rpc.CriuCgMode_CG_NONE, nil
-	case CgroupProps:
-		return rpc.CriuCgMode_PROPS, nil
-	case CgroupIgnore:
-		return rpc.CriuCgMode_IGNORE, nil
+	if m < 0 || int(m) >= len(cgroupModes) {
+		return 0, fmt.Errorf("unknown cgroup mode %d", int(m))
 	}
-	return 0, fmt.Errorf("unknown cgroup mode %d", int(m))
+	return cgroupModes[m], nil
 }
 
 // NetworkLock is CRIU's --network-lock method; it only matters for trees with their own

@@ -160,3 +160,20 @@ func TestCriuEnvSetsFault(t *testing.T) {
 		t.Errorf("%d CRIU_FAULT entries", n)
 	}
 }
+
+// Every cgroup mode has CRIU's counterpart, and a mode out of range is an error.
+func TestCgroupModes(t *testing.T) {
+	want := map[CgroupMode]rpc.CriuCgMode{CgroupDefault: rpc.CriuCgMode_DEFAULT, CgroupSoft: rpc.CriuCgMode_SOFT,
+		CgroupFull: rpc.CriuCgMode_FULL, CgroupStrict: rpc.CriuCgMode_STRICT, CgroupNone: rpc.CriuCgMode_CG_NONE,
+		CgroupProps: rpc.CriuCgMode_PROPS, CgroupIgnore: rpc.CriuCgMode_IGNORE}
+	for m, w := range want {
+		if got, err := m.rpc(); err != nil || got != w {
+			t.Errorf("%d: %v, %v; want %v", m, got, err, w)
+		}
+	}
+	for _, m := range []CgroupMode{-1, CgroupIgnore + 1} {
+		if _, err := m.rpc(); err == nil {
+			t.Errorf("mode %d accepted", m)
+		}
+	}
+}

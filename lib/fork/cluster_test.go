@@ -167,11 +167,7 @@ func netnsHolders(ns string) []string {
 func TestBridgeClusterFork(t *testing.T) {
 	rt := bridgeRuntime(t, 24)
 	br := rt.Network.Bridge
-	server := testutil.TCPServer("0.0.0.0", 8080, "pong ")
-	srv, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "srv", Net: container.NetBridge, Command: []string{"python3", "-c", server}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := bridgeServer(t, rt)
 	// A member takes the cluster's network: another mode, or NAT of its own, is refused.
 	for _, o := range []container.CreateOptions{{Net: container.NetNone}, {Net: container.NetHost}, {NAT: true}} {
 		o.Image, o.Join, o.Command = testutil.DefaultImage, "srv", []string{"true"}
@@ -285,6 +281,18 @@ func TestBridgeClusterFork(t *testing.T) {
 	// checkNoNetworkLeft (bridgeRuntime's clean-up) checks the bridge, veths and NAT rules.
 }
 
+// bridgeServer creates "srv": a bridge-mode container answering "pong d" on port 8080 of
+// every address it has (the cluster's leader, reached from the host).
+func bridgeServer(t *testing.T, rt *container.Runtime) *store.Container {
+	t.Helper()
+	srv, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "srv", Net: container.NetBridge,
+		Command: []string{"python3", "-c", testutil.TCPServer("0.0.0.0", 8080, "pong ")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
 // A bridge-mode cluster stopped as one cut and started again in place: every member is
 // a stopped record while down (no process, no veth); starting one member starts the
 // whole cluster, and the pair goes on over the same connection, the server answering the
@@ -292,11 +300,7 @@ func TestBridgeClusterFork(t *testing.T) {
 func TestClusterStopStart(t *testing.T) {
 	rt := bridgeRuntime(t, 24)
 	br := rt.Network.Bridge
-	server := testutil.TCPServer("0.0.0.0", 8080, "pong ")
-	srv, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "srv", Net: container.NetBridge, Command: []string{"python3", "-c", server}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := bridgeServer(t, rt)
 	cl, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "cl", Join: "srv", Command: []string{"python3", "-c", testutil.PortClient}})
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
+	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
@@ -31,25 +32,36 @@ func TestKilledTreeForkMidSwap(t *testing.T) {
 		t.Fatal(err)
 	}
 	members := cgroup.ParentFor(treeCg)
+	// member forks the root into a new counting member; killFork runs `tree fork` of it
+	// and kills the command at p (false: the fork ended first).
+	member := func(t *testing.T) *store.Container {
+		t.Helper()
+		nodes, _, err := m.Fork(ctx, tr.ID, tr.Root, snaptree.ForkOptions{N: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := rt.Containers.Get(nodes[0].ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 2 })
+		return src
+	}
+	killFork := func(t *testing.T, src *store.Container, p killPoint) bool {
+		t.Helper()
+		cmd := exec.Command(bin, "tree", "fork", tr.ID, src.ID)
+		cmd.Env = append(os.Environ(), "LAZYFORK_LOCAL=1")
+		return killMidSwap(t, rt, src, p, cmd, func() *os.Process { return cmd.Process })
+	}
 	seen := 0
 	// Not "forking": a tree holds other containers from the start.
 	for _, p := range swapKillPoints[:5] {
 		t.Run(p.name, func(t *testing.T) {
-			nodes, _, err := m.Fork(ctx, tr.ID, tr.Root, snaptree.ForkOptions{N: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			src, err := rt.Containers.Get(nodes[0].ID)
-			if err != nil {
-				t.Fatal(err)
-			}
+			src := member(t)
 			if got := cgroup.ParentOf(src.Cgroup); got != members {
 				t.Fatalf("member %s's group is under %s, not the tree's %s", src.ID, got, members)
 			}
-			testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 2 })
-			cmd := exec.Command(bin, "tree", "fork", tr.ID, src.ID)
-			cmd.Env = append(os.Environ(), "LAZYFORK_LOCAL=1")
-			if killMidSwap(t, rt, src, p, cmd, func() *os.Process { return cmd.Process }) {
+			if killFork(t, src, p) {
 				seen++
 				checkOneSource(t, rt, bin, src, nil)
 			}
@@ -84,18 +96,8 @@ func TestKilledTreeForkMidSwap(t *testing.T) {
 	// Killed while the new source restores, then pruned before any gc: the prune's gc
 	// finds the new source's group in the tree's cgroup though no record names it.
 	t.Run("restoring, pruned", func(t *testing.T) {
-		nodes, _, err := m.Fork(ctx, tr.ID, tr.Root, snaptree.ForkOptions{N: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		src, err := rt.Containers.Get(nodes[0].ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 2 })
-		cmd := exec.Command(bin, "tree", "fork", tr.ID, src.ID)
-		cmd.Env = append(os.Environ(), "LAZYFORK_LOCAL=1")
-		if !killMidSwap(t, rt, src, swapKillPoints[3], cmd, func() *os.Process { return cmd.Process }) {
+		src := member(t)
+		if !killFork(t, src, swapKillPoints[3]) {
 			t.Skip("the fork ended before its restore was seen") // counted by the loop above
 		}
 		if _, _, err := m.Prune(ctx, tr.ID, src.ID); err != nil {

@@ -116,23 +116,10 @@ func Inspect(opts Options) (*Report, error) {
 			} else if fe := set.fileByID[uint32(e.GetShmid())]; fe != nil && fe.GetReg() != nil && e.GetStatus()&(vmaFilePrivate|vmaFileShared) != 0 {
 				vr.Maps = fe.GetReg().GetName()
 			}
-			switch v.act {
-			case actAnon:
-				vr.Decision = "move"
-			case actFile:
-				vr.Decision = "convert-file"
-			case actDelta:
-				vr.Decision = "delta"
+			vr.Decision = decisions[v.act]
+			if v.act.refersToFamily() {
 				rep.Rewritten = true
 				referred[v.family] = true
-			case actShare:
-				vr.Decision = "share"
-			case actRebase:
-				vr.Decision = "rebase"
-				rep.Rewritten = true
-				referred[v.family] = true
-			default:
-				vr.Decision = "keep"
 			}
 			if v.out != nil {
 				vr.File = v.out.name

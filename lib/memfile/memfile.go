@@ -154,6 +154,14 @@ const (
 	actShare         // anonymous, maps its parent's new memory file + the differing pages (cow.go)
 )
 
+// decisions name the actions in lf-inspect's VMA table (docs/stages.md).
+var decisions = [...]string{actKeep: "keep", actAnon: "move", actFile: "convert-file", actDelta: "delta",
+	actRebase: "rebase", actShare: "share"}
+
+// refersToFamily: the VMA keeps mapping a memory file of its family, so the checkpoint is
+// rewritten to name it.
+func (a action) refersToFamily() bool { return a == actDelta || a == actRebase }
+
 // checkpointSet is one checkpoint directory, loaded once (no caches outside it).
 type checkpointSet struct {
 	dir      string
