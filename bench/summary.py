@@ -65,6 +65,14 @@ def render(b):
     top = lf.get(nmax)
     out = []
     w = out.append
+
+    def section(title, *paras):
+        """A section: its title, then each paragraph, a blank line after each."""
+        w("## " + title)
+        w("")
+        for p in paras:
+            w(p)
+            w("")
     w("# LazyFork benchmark" + (" (smoke run: tiny sizes, numbers mean nothing)" if b.smoke else ""))
     w("")
     w(f"Measured {env.get('date')} on {env.get('os')}, kernel {env.get('kernel')} ({env.get('arch')}), "
@@ -83,10 +91,8 @@ def render(b):
     w("")
 
     # ---- targets ----
-    w(f"## Targets ({th} MiB container)")
-    w("")
-    w(table(["target", "goal", "measured", "", "why"], targets(b)))
-    w("")
+    section(f"Targets ({th} MiB container)",
+            table(["target", "goal", "measured", "", "why"], targets(b)))
 
     # ---- side by side ----
     for heap in cfg["heaps"]:
@@ -115,15 +121,13 @@ def render(b):
     w("")
 
     # ---- snapshots ----
-    w("## Snapshots and the memory-file rewrite")
-    w("")
-    w(table(["heap MiB", "snapshot", "dump wall ms", "source frozen ms", "pages dumped", "memfile ms",
-             "memfile MB/s", "bytes written MB", "pages moved / kept", "files (file-private VMAs)", "2 MiB huge pages"],
-            [[s["heap_mb"], s["kind"], ms(s["dump_wall_ms"]), ms(s["dump_frozen_ms"]), num(s["pages_written"]),
-              ms(s.get("memfile_ms")), ms(s.get("memfile_mb_s")), mb(s.get("memfile_bytes"), 1),
-              f"{num(s.get('pages_moved'))} / {num(s.get('pages_kept'))}",
-              f"{num(s.get('files'))} ({num(s.get('file_vmas_converted'))})", num(s.get("huge_pages"))] for s in b.snaps]))
-    w("")
+    section("Snapshots and the memory-file rewrite",
+            table(["heap MiB", "snapshot", "dump wall ms", "source frozen ms", "pages dumped", "memfile ms",
+                   "memfile MB/s", "bytes written MB", "pages moved / kept", "files (file-private VMAs)", "2 MiB huge pages"],
+                  [[s["heap_mb"], s["kind"], ms(s["dump_wall_ms"]), ms(s["dump_frozen_ms"]), num(s["pages_written"]),
+                    ms(s.get("memfile_ms")), ms(s.get("memfile_mb_s")), mb(s.get("memfile_bytes"), 1),
+                    f"{num(s.get('pages_moved'))} / {num(s.get('pages_kept'))}",
+                    f"{num(s.get('files'))} ({num(s.get('file_vmas_converted'))})", num(s.get("huge_pages"))] for s in b.snaps]))
     if b.copies:
         w(table(["heap MiB", "pages-*.img MB", "memfile MB/s", "cp MB/s", "dd bs=1M MB/s", "memfile / best copy"],
                 [[c["heap_mb"], mb(c["image_pages_bytes"], 1), ms(c["memfile_mb_s"]), ms(c["cp_mb_s"]),
@@ -176,13 +180,11 @@ def render(b):
     # ---- huge pages before/after ----
     huge = ran(rows, "lazyfork-huge")
     if huge:
-        w("## Huge pages for the memory files (`lf-memfile --huge-pages`, `lazyfork fork --huge-pages`)")
-        w("")
-        w("A fork maps the heap's memory file MAP_PRIVATE; every 2 MiB stretch it reads through 4 KiB pages costs "
-          "it a 4 KiB page table. With `--huge-pages` the rewrite puts each dense 2 MiB stretch (>= 3/4 data) of "
-          "anonymous memory in one huge page (MADV_COLLAPSE), which forks map with no page table. It is not the "
-          "default because collapsing slows the rewrite (see memfile ms and the snapshot table).")
-        w("")
+        section("Huge pages for the memory files (`lf-memfile --huge-pages`, `lazyfork fork --huge-pages`)",
+                "A fork maps the heap's memory file MAP_PRIVATE; every 2 MiB stretch it reads through 4 KiB pages costs "
+                "it a 4 KiB page table. With `--huge-pages` the rewrite puts each dense 2 MiB stretch (>= 3/4 data) of "
+                "anonymous memory in one huge page (MADV_COLLAPSE), which forks map with no page table. It is not the "
+                "default because collapsing slows the rewrite (see memfile ms and the snapshot table).")
         def default_memfile_ms(r):
             return next((s for s in b.snaps if s["heap_mb"] == r["heap_mb"] and s["kind"] == "memfiled"), {}).get("memfile_ms")
         rs = beside_default(
@@ -197,12 +199,10 @@ def render(b):
     # ---- confinement: confined (default) vs --privileged ----
     conf = ran(rows, "lazyfork-confined", "lazyfork-privileged")
     if conf:
-        w("## What confinement costs a fork (default vs `lazyfork create --privileged`)")
-        w("")
-        w("Containers are confined by default (Docker's capability set, no_new_privs, Docker's seccomp profile, "
-          "masked and read-only /proc paths, a device list; docs/security.md). Two sources with the same agent, "
-          "one confined and one `--privileged`, dumped and forked N times one after the other in the same run.")
-        w("")
+        section("What confinement costs a fork (default vs `lazyfork create --privileged`)",
+                "Containers are confined by default (Docker's capability set, no_new_privs, Docker's seccomp profile, "
+                "masked and read-only /proc paths, a device list; docs/security.md). Two sources with the same agent, "
+                "one confined and one `--privileged`, dumped and forked N times one after the other in the same run.")
         rs = []
         for r in sorted(conf, key=lambda r: (r["heap_mb"], r["method"] != "lazyfork-confined")):
             rs.append([r["heap_mb"], r["n"], "confined (default)" if r["method"] == "lazyfork-confined" else "--privileged",
@@ -220,13 +220,11 @@ def render(b):
     # ---- network modes ----
     nets = [r for r in rows if r["method"].startswith("lazyfork-net-") and r.get("forks_run")]
     if nets:
-        w("## Fork cost per network mode (`--net none`, `bridge`, `host`)")
-        w("")
-        w("Three sources with the same agent, one per network mode, dumped and forked N times one after the "
-          "other. `none` (the default) restores the dumped namespace (loopback); `bridge` gives every fork a "
-          "namespace prepared before the restore with a veth pair on the bridge and its own address; `host` "
-          "restores into the host's network.")
-        w("")
+        section("Fork cost per network mode (`--net none`, `bridge`, `host`)",
+                "Three sources with the same agent, one per network mode, dumped and forked N times one after the "
+                "other. `none` (the default) restores the dumped namespace (loopback); `bridge` gives every fork a "
+                "namespace prepared before the restore with a veth pair on the bridge and its own address; `host` "
+                "restores into the host's network.")
         order = {"lazyfork-net-none": 0, "lazyfork-net-bridge": 1, "lazyfork-net-host": 2}
         rs = []
         for r in sorted(nets, key=lambda r: (r["heap_mb"], order.get(r["method"], 9))):
@@ -249,16 +247,14 @@ def render(b):
     # ---- forking a live container again and again ----
     rep = ran(rows, *REPEAT)
     if rep:
-        w("## Forking a live container again and again (default vs `--copy` vs plain CRIU)")
-        w("")
-        w("One fork at a time of the same running source, each followed by `lazyfork exec FORK -- hostname`, "
-          "through the CLI with a daemon running (the benchmark starts `lazyfork daemon run` on a socket of "
-          "its own). By default the first fork moves the source onto its snapshot, so later forks dump only what "
-          "it changed since; `--copy` dumps and rewrites the whole heap every time; plain CRIU is `lf-dump SRC | "
-          "lf-restore -n 1` (a CRIU image of the whole heap, restored as a full copy) then the same exec. The "
-          "source's pause is the longest gap its agent (waking every 20 ms) saw during each fork; CRIU's frozen "
-          "time is part of it.")
-        w("")
+        section("Forking a live container again and again (default vs `--copy` vs plain CRIU)",
+                "One fork at a time of the same running source, each followed by `lazyfork exec FORK -- hostname`, "
+                "through the CLI with a daemon running (the benchmark starts `lazyfork daemon run` on a socket of "
+                "its own). By default the first fork moves the source onto its snapshot, so later forks dump only what "
+                "it changed since; `--copy` dumps and rewrites the whole heap every time; plain CRIU is `lf-dump SRC | "
+                "lf-restore -n 1` (a CRIU image of the whole heap, restored as a full copy) then the same exec. The "
+                "source's pause is the longest gap its agent (waking every 20 ms) saw during each fork; CRIU's frozen "
+                "time is part of it.")
         rs = []
         for r in sorted(rep, key=lambda r: (r["heap_mb"], REPEAT.index(r["method"]))):
             rs.append([r["heap_mb"], r["n"], REPEAT_LABEL[r["method"]],
@@ -279,15 +275,13 @@ def render(b):
     # ---- many forks in one call ----
     sc = sorted(ran(rows, "lazyfork-scale"), key=lambda r: r["n"])
     if sc:
-        w("## Many forks in one call")
-        w("")
-        w("`lf-restore -n N` of one snapshot of the agent, N = " + ", ".join(str(r["n"]) for r in sc) +
-          " one batch after the other (2 restores at a time), each fork measured when it had run "
-          f"{cfg['settle']:.0f} s. The first and last tenth are the forks restored first and last in the batch: "
-          "a cost that grows with the forks already running shows as a gap between them. CPU per fork is what "
-          "lf-restore, its criu service and the workers used (user + system), divided by N: unlike wall time, "
-          "other work on the machine does not inflate it.")
-        w("")
+        section("Many forks in one call",
+                "`lf-restore -n N` of one snapshot of the agent, N = " + ", ".join(str(r["n"]) for r in sc) +
+                " one batch after the other (2 restores at a time), each fork measured when it had run "
+                f"{cfg['settle']:.0f} s. The first and last tenth are the forks restored first and last in the batch: "
+                "a cost that grows with the forks already running shows as a gap between them. CPU per fork is what "
+                "lf-restore, its criu service and the workers used (user + system), divided by N: unlike wall time, "
+                "other work on the machine does not inflate it.")
         w(table(["heap MiB", "N", "wall s", "restore ms p50 / p95", "first tenth p50 ms", "last tenth p50 ms",
                  "CPU ms per fork", "MB per fork (p50 / max)", "MB all forks", "delete all s"],
                 [[r["heap_mb"], r["n"], f"{r['wall_ms'] / 1000:.2f}", f"{ms(r['restore_p50_ms'])} / {ms(r['restore_p95_ms'])}",
@@ -299,14 +293,12 @@ def render(b):
     # ---- restore path before/after ----
     swrk = ran(rows, "lazyfork-swrk")
     if swrk:
-        w("## Restore path: a criu per fork (before) vs one criu service per batch (after)")
-        w("")
-        w("Before, every fork started `criu swrk` through a re-executed helper that joined its cgroups and "
-          "entered a mount namespace holding CRIU's probe cache (`lf-restore --per-fork-criu` still does). "
-          "Now each batch (or the daemon) starts one `criu service`; a fork is a fork()ed worker of it that "
-          "loads the probe cache, joins the fork's cgroups and restores. Same snapshot, same N, run one after "
-          "the other.")
-        w("")
+        section("Restore path: a criu per fork (before) vs one criu service per batch (after)",
+                "Before, every fork started `criu swrk` through a re-executed helper that joined its cgroups and "
+                "entered a mount namespace holding CRIU's probe cache (`lf-restore --per-fork-criu` still does). "
+                "Now each batch (or the daemon) starts one `criu service`; a fork is a fork()ed worker of it that "
+                "loads the probe cache, joins the fork's cgroups and restores. Same snapshot, same N, run one after "
+                "the other.")
         rs = beside_default(
             rows, swrk, lambda r, svc: (("criu per fork (before)", r), ("criu service (after)", svc)),
             lambda x, lab: [x["heap_mb"], x["n"], lab, f"{ms(x['restore_p50_ms'])} / {ms(x['restore_p95_ms'])}",
@@ -316,11 +308,9 @@ def render(b):
 
     # ---- lineage ----
     if b.lineage:
-        w("## Lineage: forks of forks")
-        w("")
-        w(f"Level k forks the fork made at level k-1 (level 1 forks the source), each after running "
-          f"{cfg['settle']:.0f} s. Delta = pages of the snapshot not already in its family's memory files.")
-        w("")
+        section("Lineage: forks of forks",
+                f"Level k forks the fork made at level k-1 (level 1 forks the source), each after running "
+                f"{cfg['settle']:.0f} s. Delta = pages of the snapshot not already in its family's memory files.")
         w(table(["level", "pages dumped", "delta pages", "rebased", "pages moved / kept", "dump ms (frozen)",
                  "memfile ms", "restore ms", "fork MB", "owned MB"],
                 [[l["level"], l["dump_pages_written"], num(l["delta_pages"]), num(l["rebased"]),
@@ -347,13 +337,11 @@ def render(b):
                           f"so after {cfg['settle']:.0f} s each restore holds a full copy of the heap, like a plain restore.")
     bud = getattr(b, "budget", None)
     if bud:
-        w("## Budget planning (lib/budget, pure)")
-        w("")
-        w("What lib/budget takes to decide, on trees of 1,000 and 10,000 nodes (every node with children "
-          "a keyframe, half the nodes live, live RAM at the budget): `evict` is PlanEvict (suspend the least "
-          "recently active until RAM is below 85% of the budget), `fork8` a PlanAdd of 8 forks, `resume` a "
-          "PlanResume. No containers: the daemon pays this per operation, on top of the suspensions it plans.")
-        w("")
+        section("Budget planning (lib/budget, pure)",
+                "What lib/budget takes to decide, on trees of 1,000 and 10,000 nodes (every node with children "
+                "a keyframe, half the nodes live, live RAM at the budget): `evict` is PlanEvict (suspend the least "
+                "recently active until RAM is below 85% of the budget), `fork8` a PlanAdd of 8 forks, `resume` a "
+                "PlanResume. No containers: the daemon pays this per operation, on top of the suspensions it plans.")
         w(table(["op", "nodes", "ms per plan", "nodes suspended", "KiB allocated", "allocs"],
                 [[r["op"], r["nodes"], ms(r["ms_per_plan"], 3), r["suspended"], f"{r['bytes_per_plan'] / 1024:.0f}",
                   r["allocs_per_plan"]] for r in bud]))

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
 	"io"
 	"log"
@@ -27,20 +26,7 @@ import (
 // busyboxImage is a one-layer image holding the host's static busybox as /bin/sh etc.
 func busyboxImage(t *testing.T) v1.Image {
 	t.Helper()
-	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Fatal("needs busybox-static on the host: run `make setup`")
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	tw.WriteHeader(&tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755})
-	tw.WriteHeader(&tar.Header{Name: "bin/busybox", Mode: 0o755, Size: int64(len(bb))})
-	tw.Write(bb)
-	for _, l := range []string{"sh", "echo", "sleep", "cat", "hostname"} {
-		tw.WriteHeader(&tar.Header{Name: "bin/" + l, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777})
-	}
-	tw.Close()
-	data := buf.Bytes()
+	data := testutil.Tar(t, testutil.Busybox(t, "sh", "echo", "sleep", "cat", "hostname")...)
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package container_test
 
 import (
 	"archive/tar"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -31,39 +30,18 @@ type entry struct {
 // plus entries, with the given config user, and returns the layout's directory.
 func symImage(t *testing.T, user string, entries ...entry) string {
 	t.Helper()
-	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Fatal("needs busybox-static on the host: run `make setup`")
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	add := func(h *tar.Header, body []byte) {
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write(body); err != nil {
-			t.Fatal(err)
-		}
-	}
-	add(&tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
-	add(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bb))}, bb)
-	for _, l := range []string{"sh", "cat", "ls", "sleep", "readlink", "id", "stat", "mount"} {
-		add(&tar.Header{Name: "bin/" + l, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}, nil)
-	}
+	layer := testutil.Busybox(t, "sh", "cat", "ls", "sleep", "readlink", "id", "stat", "mount")
 	for _, e := range entries {
 		switch {
 		case e.dir:
-			add(&tar.Header{Name: e.name + "/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
+			layer = append(layer, testutil.TarEntry{Hdr: tar.Header{Name: e.name + "/", Typeflag: tar.TypeDir, Mode: 0o755}})
 		case e.link != "":
-			add(&tar.Header{Name: e.name, Typeflag: tar.TypeSymlink, Linkname: e.link, Mode: 0o777}, nil)
+			layer = append(layer, testutil.TarEntry{Hdr: tar.Header{Name: e.name, Typeflag: tar.TypeSymlink, Linkname: e.link, Mode: 0o777}})
 		default:
-			add(&tar.Header{Name: e.name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(e.body))}, []byte(e.body))
+			layer = append(layer, testutil.TarEntry{Hdr: tar.Header{Name: e.name, Typeflag: tar.TypeReg, Mode: 0o644}, Body: []byte(e.body)})
 		}
 	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return layoutOf(t, buf.Bytes(), v1.Config{User: user, Cmd: []string{"sleep", "100000"}})
+	return layoutOf(t, testutil.Tar(t, layer...), v1.Config{User: user, Cmd: []string{"sleep", "100000"}})
 }
 
 // ownImageRuntime is a test runtime whose image store is its own, inside the test's

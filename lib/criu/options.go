@@ -179,16 +179,23 @@ type RestoreOptions struct {
 	Binary string
 }
 
+// rpcModes translates the cgroup mode and the network lock, which dumps and restores set
+// alike.
+func rpcModes(m CgroupMode, n NetworkLock) (rpc.CriuCgMode, *rpc.CriuNetworkLockMethod, error) {
+	cg, err := m.rpc()
+	if err != nil {
+		return 0, nil, err
+	}
+	nl, err := n.rpc()
+	return cg, nl, err
+}
+
 // criuOpts translates DumpOptions into CRIU's RPC options; the fds are the caller's.
 func (o *DumpOptions) criuOpts(checkpointFd, workFd int) (*rpc.CriuOpts, error) {
 	if o.Pid <= 0 {
 		return nil, fmt.Errorf("dump: no pid")
 	}
-	cg, err := o.CgroupMode.rpc()
-	if err != nil {
-		return nil, err
-	}
-	nl, err := o.NetworkLock.rpc()
+	cg, nl, err := rpcModes(o.CgroupMode, o.NetworkLock)
 	if err != nil {
 		return nil, err
 	}
@@ -227,11 +234,7 @@ func (o *DumpOptions) criuOpts(checkpointFd, workFd int) (*rpc.CriuOpts, error) 
 // criuOpts translates RestoreOptions into CRIU's RPC options; the fds are the caller's and
 // yard is the resolved cgroup yard ("" for none).
 func (o *RestoreOptions) criuOpts(checkpointFd, workFd int, yard string) (*rpc.CriuOpts, error) {
-	cg, err := o.CgroupMode.rpc()
-	if err != nil {
-		return nil, err
-	}
-	nl, err := o.NetworkLock.rpc()
+	cg, nl, err := rpcModes(o.CgroupMode, o.NetworkLock)
 	if err != nil {
 		return nil, err
 	}
