@@ -15,8 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/checkpoint-restore/go-criu/v8/crit"
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
+	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 )
@@ -278,4 +280,118 @@ func mapsAround(pid int, addr uint64) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// A child's file-private VMA (a MAP_PRIVATE file mapping written before and after fork())
+// maps its parent's copy of that file when they hold the same file at the same offsets:
+// pages equal to the parent's copy leave the child's image, a page only the parent wrote
+// after fork() is kept with the file's own bytes, and the child's own writes stay. A VMA
+// that differs on more pages than the process's budget keeps its own file.
+func TestShareFilePrivateSynthetic(t *testing.T) {
+	root := shmDir(t)
+	img, family, rootfs := filepath.Join(root, "img"), filepath.Join(root, "family"), filepath.Join(root, "rootfs")
+	for _, d := range []string{img, family, filepath.Join(rootfs, "data")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var file []byte
+	for i := 0; i < 8; i++ {
+		file = append(file, page(byte('A'+i))...)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "data", "f"), file, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const big = smallDelta + 100
+	vmas := func() []*vma.VmaEntry {
+		return []*vma.VmaEntry{
+			vmaE(0, 8, statusFilePriv, unix.MAP_PRIVATE, 1, 0),
+			vmaE(16, 16+big+1, statusAnon, anonPrivateFlag, 0, 0),
+		}
+	}
+	// Parent: pages 0 'p' and 1 'q' (written before fork()), 2 'r' and 3 's' (after);
+	// its anonymous VMA: page 0 'z' and big pages 'P'.
+	parent := synthTask{pid: 1, vmas: vmas(), pm: []*pagemap.PagemapEntry{pmE(0, 4), pmE(16, big+1)}}
+	for _, b := range []byte("pqrs") {
+		parent.pages = append(parent.pages, page(b)...)
+	}
+	parent.pages = append(parent.pages, page('z')...)
+	parent.pages = append(parent.pages, bytes.Repeat(page('P'), big)...)
+	// Child: 0 'p', 1 'q' (as the parent), 3 'S' (its own write), 5 'F' (written with the
+	// file's own bytes), 6 'x'; its anonymous VMA: page 0 'z', big pages 'C'.
+	child := synthTask{pid: 2, ppid: 1, vmas: vmas(), pm: []*pagemap.PagemapEntry{pmE(0, 2), pmE(3, 1), pmE(5, 2), pmE(16, big+1)}}
+	for _, b := range []byte("pqSFx") {
+		child.pages = append(child.pages, page(b)...)
+	}
+	child.pages = append(child.pages, page('z')...)
+	child.pages = append(child.pages, bytes.Repeat(page('C'), big)...)
+	writeSynth(t, img, []*crit.CriuEntry{regE(1, "/data/f", uint64(len(file)))}, parent, child)
+
+	opts := Options{CheckpointDir: img, FamilyDir: family, RootFS: rootfs, ConvertFilePrivate: true, Prefix: "p"}
+	rep, err := Inspect(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var decisions []string
+	for _, v := range rep.VMAs {
+		decisions = append(decisions, v.Decision)
+	}
+	if strings.Join(decisions, ",") != "convert-file,move,share,move" || !strings.Contains(rep.VMAs[3].Why, "keeps its own file") {
+		t.Fatalf("inspect: decisions %v, %+v", decisions, rep.VMAs)
+	}
+	// Without the container's root, Inspect cannot compare the copies and says so.
+	noRoot := opts
+	noRoot.RootFS = ""
+	if rep, err := Inspect(noRoot); err != nil || rep.VMAs[2].Decision == "share" || !strings.Contains(rep.VMAs[2].Why, "not compared") {
+		t.Fatalf("inspect without the root: %v %+v", err, rep)
+	}
+
+	res, err := Rewrite(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.CowSharedPages != 5 || len(res.Files) != 2 {
+		t.Fatalf("result %+v", res)
+	}
+	cv, pv := loadMM(t, img, 2), loadMM(t, img, 1)
+	if cv[0].GetShmid() != pv[0].GetShmid() || cv[0].GetPgoff() != cv[0].GetStart() || cv[0].GetStatus() != statusFilePriv {
+		t.Errorf("child file VMA %v does not map the parent's file %v", cv[0], pv[0])
+	}
+	if cv[1].GetShmid() == pv[1].GetShmid() {
+		t.Errorf("the child's anonymous VMA over budget must keep its own file")
+	}
+	// The child's image holds the file's page 2 ('C': the parent wrote 'r' after fork()),
+	// its own 'S' and 'x'; nothing else of the shared VMA.
+	pm := loadPM(t, img, 2)
+	var got []uint64
+	for _, e := range pm {
+		for k := uint64(0); k < uint64(e.GetNrPages()); k++ {
+			got = append(got, (e.GetVaddr()-base)/ps+k)
+		}
+	}
+	if fmt.Sprint(got) != "[2 3 6]" {
+		t.Fatalf("child pagemap pages %v", got)
+	}
+	pages, _ := os.ReadFile(filepath.Join(img, "pages-2.img"))
+	if !bytes.Equal(pages, bytes.Join([][]byte{page('C'), page('S'), page('x')}, nil)) {
+		t.Errorf("child pages image holds %d bytes, want the file's page C, S and x", len(pages))
+	}
+	// What the child reads: its image's pages over the parent's copy.
+	pf := filepath.Join(family, "p-1-10000000-anon.mem")
+	for i, want := range []byte("pqCSEFxH") {
+		var b []byte
+		switch i {
+		case 2:
+			b = pages[:pageSize]
+		case 3:
+			b = pages[pageSize : 2*pageSize]
+		case 6:
+			b = pages[2*pageSize:]
+		default:
+			b = readPage(t, pf, base/ps+uint64(i))
+		}
+		if !bytes.Equal(b, page(want)) {
+			t.Errorf("child page %d reads %q..., want %q", i, b[:4], want)
+		}
+	}
 }

@@ -86,7 +86,7 @@ func Inspect(opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &rewriter{opts: opts, set: set, res: &Result{}}
+	r := &rewriter{opts: opts, set: set, res: &Result{}, inspect: true}
 	defer r.release()
 	if err := r.plan(); err != nil {
 		return nil, fmt.Errorf("inspect %s: %w", opts.CheckpointDir, err)

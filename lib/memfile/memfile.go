@@ -151,7 +151,7 @@ const (
 	actFile          // file-backed private VMA -> library bytes + dumped pages
 	actDelta         // maps a family file already: leave alone
 	actRebase        // maps a family file: fresh file of base bytes + delta
-	actShare         // anonymous, maps its parent's new memory file + the differing pages (cow.go)
+	actShare         // maps its parent's new memory file + the differing pages (cow.go)
 )
 
 // decisions name the actions in lf-inspect's VMA table (docs/stages.md).
@@ -207,6 +207,7 @@ type piece struct {
 	src   int64 // offset in the pages image, -1 if the pages have no data there
 	vma   int   // index in task.vmas, -1 if outside every VMA
 	zero  bool  // src is -1 but the checkpoint must hold zero pages here (cow.go)
+	base  bool  // src is -1 but the checkpoint must hold the VMA's original file's bytes here (cow.go)
 	entry *pagemap.PagemapEntry
 }
 

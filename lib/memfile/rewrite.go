@@ -29,6 +29,7 @@ type rewriter struct {
 	files   []*memFile
 	renames [][2]string      // temp image -> final image
 	maps    map[*task][]byte // pages images mapped read-only (pagesOf)
+	inspect bool             // a plan that writes nothing (Inspect)
 }
 
 // memFile is one memory file to create and the data that goes into it.
@@ -67,8 +68,11 @@ func (r *rewriter) plan() error {
 		}
 		byPid[t.pid] = t
 		for _, v := range t.vmas {
-			if v.act == actAnon && v.out == nil {
-				r.procFile(t, v, multi)
+			if (v.act == actAnon || v.act == actFile) && v.out == nil {
+				mf := r.procFile(t, v, multi)
+				if v.act == actFile {
+					mf.dataSize += int64(v.e.GetEnd() - v.e.GetStart())
+				}
 			}
 		}
 		for _, p := range t.pieces {
@@ -82,7 +86,7 @@ func (r *rewriter) plan() error {
 				r.res.PagesMoved += p.n
 				continue
 			}
-			if p.src >= 0 || p.zero {
+			if p.src >= 0 || p.zero || p.base {
 				r.res.PagesKept += p.n
 				t.keptData += p.n * pageSize
 			}
@@ -146,8 +150,8 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 			return nil
 		}
 		v.act = actFile
+		// Its file is chosen by plan: its parent's (share) or its own (procFile).
 		v.why = fmt.Sprintf("copied-on-write pages of %s: its bytes with the %d dumped pages over them, in the process's memory file at their own address", fe.GetReg().GetName(), v.present)
-		r.procFile(t, v, multi).dataSize += length
 	case st == statusAnon || st == statusHeap:
 		switch {
 		case e.GetFlags()&^unix.MAP_NORESERVE != anonPrivateFlag:
@@ -426,13 +430,34 @@ func (r *rewriter) copyFamily(fd int, mf *memFile, v *vmaInfo) error {
 }
 
 // copyLibrary writes the original file's bytes for a file-backed VMA's [pgoff, pgoff+len)
-// at v.off in mf, read inside RootFS so that the container's symlinks cannot point it at
-// host files.
+// at v.off in mf.
 func (r *rewriter) copyLibrary(dst int, mf *memFile, v *vmaInfo) error {
+	fd, size, err := r.openLibrary(v)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	off := int64(v.e.GetPgoff())
+	n := min(int64(v.e.GetEnd()-v.e.GetStart()), size-off)
+	if n <= 0 {
+		return nil
+	}
+	w, err := copyDense(dst, fd, off, n, v.off)
+	mf.written += w
+	if err != nil {
+		return fmt.Errorf("copy %s into %s: %w", v.reg.GetReg().GetName(), mf.name, err)
+	}
+	return nil
+}
+
+// openLibrary opens the original file of a file-backed VMA read-only, inside RootFS so
+// that the container's symlinks cannot point it at host files, and checks that it is the
+// regular file of the dump's size. The caller closes the descriptor.
+func (r *rewriter) openLibrary(v *vmaInfo) (int, int64, error) {
 	reg := v.reg.GetReg()
 	root, err := os.OpenFile(r.opts.RootFS, os.O_RDONLY|unix.O_DIRECTORY|unix.O_PATH, 0)
 	if err != nil {
-		return fmt.Errorf("open root %s: %w", r.opts.RootFS, err)
+		return -1, 0, fmt.Errorf("open root %s: %w", r.opts.RootFS, err)
 	}
 	defer root.Close()
 	fd, err := unix.Openat2(int(root.Fd()), reg.GetName(), &unix.OpenHow{
@@ -440,29 +465,43 @@ func (r *rewriter) copyLibrary(dst int, mf *memFile, v *vmaInfo) error {
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
 	})
 	if err != nil {
-		return fmt.Errorf("open %s in %s: %w", reg.GetName(), r.opts.RootFS, err)
+		return -1, 0, fmt.Errorf("open %s in %s: %w", reg.GetName(), r.opts.RootFS, err)
 	}
-	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("stat %s: %w", reg.GetName(), err)
+		unix.Close(fd)
+		return -1, 0, fmt.Errorf("stat %s: %w", reg.GetName(), err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fmt.Errorf("copy %s: not a regular file", reg.GetName())
+		unix.Close(fd)
+		return -1, 0, fmt.Errorf("copy %s: not a regular file", reg.GetName())
 	}
 	if reg.Size != nil && int64(reg.GetSize()) != st.Size {
-		return fmt.Errorf("copy %s: size %d, was %d at dump time", reg.GetName(), st.Size, reg.GetSize())
+		unix.Close(fd)
+		return -1, 0, fmt.Errorf("copy %s: size %d, was %d at dump time", reg.GetName(), st.Size, reg.GetSize())
 	}
-	off := int64(v.e.GetPgoff())
-	n := min(int64(v.e.GetEnd()-v.e.GetStart()), st.Size-off)
-	if n <= 0 {
-		return nil
+	return fd, st.Size, nil
+}
+
+// readLibraryPage reads the page of v's original file that v maps at addr into buf (one
+// page; zeros past the end of the file).
+func readLibraryPage(fd int, v *vmaInfo, addr uint64, buf []byte) error {
+	off := int64(v.e.GetPgoff()) + int64(addr-v.e.GetStart())
+	n := 0
+	for n < len(buf) {
+		c, err := unix.Pread(fd, buf[n:], off+int64(n))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("read %s at %d: %w", v.reg.GetReg().GetName(), off+int64(n), err)
+		}
+		if c == 0 {
+			break
+		}
+		n += c
 	}
-	w, err := copyDense(dst, fd, off, n, v.off)
-	mf.written += w
-	if err != nil {
-		return fmt.Errorf("copy %s into %s: %w", reg.GetName(), mf.name, err)
-	}
+	clear(buf[n:])
 	return nil
 }
 
@@ -490,7 +529,7 @@ func (r *rewriter) writeImages(ctx context.Context, steps *undo.Stack) error {
 			if err != nil {
 				return fmt.Errorf("rewrite %s: %w", t.pmName, err)
 			}
-			if p.zero {
+			if p.zero || p.base {
 				pe.Flags = proto.Uint32(pePresent)
 			} else {
 				pe.InParent = p.entry.InParent
@@ -593,6 +632,8 @@ func (r *rewriter) writePagesImage(t *task, steps *undo.Stack) error {
 	defer dst.Close()
 	var run struct{ src, n int64 }
 	var out int64
+	lib := libPages{r: r, t: t}
+	defer lib.close()
 	flush := func() error {
 		if run.n == 0 {
 			return nil
@@ -611,6 +652,16 @@ func (r *rewriter) writePagesImage(t *task, steps *undo.Stack) error {
 			}
 			if err := writeZeros(int(dst.Fd()), out, p.n*pageSize); err != nil {
 				return fmt.Errorf("write zero pages into %s: %w", name, err)
+			}
+			out += p.n * pageSize
+			continue
+		}
+		if p.base {
+			if err := flush(); err != nil {
+				return err
+			}
+			if err := lib.write(int(dst.Fd()), p, out); err != nil {
+				return fmt.Errorf("write pages into %s: %w", name, err)
 			}
 			out += p.n * pageSize
 			continue
