@@ -38,7 +38,7 @@ import (
 //     source, and no process adds more than smallDelta pages to each fork this way.
 const (
 	shareFactor = 4
-	smallDelta  = 1024
+	smallDelta  = 256
 )
 
 // zeroPage is one page of zeros, for comparisons.
@@ -111,9 +111,8 @@ func (r *rewriter) share(t *task, parent *task) error {
 		return nil
 	}
 	// Cheap ones first, then the others by differing pages per shared page, within budget.
-	sort.SliceStable(cands, func(a, b int) bool {
-		return cands[a].differ*cands[b].shared < cands[b].differ*cands[a].shared
-	})
+	ratio := func(c shareCand) float64 { return float64(c.differ) / float64(c.shared) }
+	sort.SliceStable(cands, func(a, b int) bool { return ratio(cands[a]) < ratio(cands[b]) })
 	changed := map[int][]piece{}
 	budget := int64(smallDelta)
 	for _, c := range cands {
