@@ -50,8 +50,6 @@ type Cgroup struct {
 	v2     *cgroup2.Manager
 }
 
-var validName = owned.ValidName
-
 // Resolve computes the paths a group called name would have under parent ("" = the
 // operator's parent (SetParent), or else the default: `lazyfork` under the caller's own cgroups on v1, DefaultParentV2 on
 // v2) without touching the filesystem.
@@ -68,7 +66,7 @@ func Resolve(name, parent string) (*Cgroup, error) {
 }
 
 func resolve(h host, v2 bool, name, parent string) (*Cgroup, error) {
-	if !validName.MatchString(name) {
+	if !owned.ValidName(name) {
 		return nil, fmt.Errorf("resolve cgroup: invalid name %q", name)
 	}
 	if parent == "" {
@@ -276,7 +274,7 @@ func Load(p Paths) (*Cgroup, error) {
 	for _, k := range keys {
 		v := p[k]
 		name := filepath.Base(v)
-		if !filepath.IsAbs(v) || filepath.Clean(v) != v || !validName.MatchString(name) {
+		if !filepath.IsAbs(v) || filepath.Clean(v) != v || !owned.ValidName(name) {
 			return nil, fmt.Errorf("load cgroup: bad %s path %q", k, v)
 		}
 		if c.Name != "" && c.Name != name {

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -289,8 +290,9 @@ func ReadID(id string) (*Tree, error) {
 var (
 	containerIDRe = regexp.MustCompile(`^[0-9a-f]{12}$`)
 	// SnapIDRe is a snapshot or family id.
-	SnapIDRe  = regexp.MustCompile(`^s[0-9a-f]{12}$`)
-	memFileRe = regexp.MustCompile(`^[A-Za-z0-9_.+-]{1,200}$`)
+	SnapIDRe = regexp.MustCompile(`^s[0-9a-f]{12}$`)
+	// Compiled on first use: its bounded repetition cost every process start ~0.3 ms.
+	memFileRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9_.+-]{1,200}$`) })
 )
 
 // CheckPacked refuses a packed entry whose names could lead outside the tree's directory
@@ -303,7 +305,7 @@ func CheckPacked(t *Tree, n *Node, p Packed) error {
 		return fmt.Errorf("node %s: packed snapshot dir %q is not the tree's", n.ID, p.Dir)
 	}
 	for _, f := range p.Files {
-		if !memFileRe.MatchString(f) || f == "." || f == ".." {
+		if !memFileRe().MatchString(f) || f == "." || f == ".." {
 			return fmt.Errorf("node %s: packed memory file %q: bad name", n.ID, f)
 		}
 	}
