@@ -60,6 +60,10 @@ type DumpOptions struct {
 	// no namespace (Snapshot.SharedNetNS). Cut accepts a source the cluster's cut froze.
 	NetNS string
 	Cut   bool
+	// Transient records this process as the snapshot's owner when the dump is done (GC
+	// drops it once the process is gone): one write of the record instead of two, and no
+	// moment where a crash leaves an ownerless snapshot of a live source behind.
+	Transient bool
 }
 
 // LayersDir holds the frozen upper layers forks stack on.
@@ -257,8 +261,8 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
 	s.State, s.Owner, s.Swap = stage.SnapDumped, 0, swap
-	if swap {
-		s.Owner = os.Getpid() // transient until the swap is done (see recoverSwap)
+	if swap || o.Transient {
+		s.Owner = os.Getpid() // transient until the swap is done (see recoverSwap) or as asked
 	}
 	s.Dump = stage.DumpStats{
 		WallMs: stage.Ms(res.Wall), FrozenMs: stage.Ms(res.Frozen), LayerMs: stage.Ms(layerTime),

@@ -86,19 +86,13 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 	swap := !o.Copy && !o.Share && c.Family == "" && c.Cluster == ""
 	endChecks()
 	endChecks = func() {}
-	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook})
+	// Transient: GC drops the snapshot if this process dies.
+	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true})
 	if err != nil {
 		return nil, nil, err
 	}
 	if s.Swap {
 		return forkSwapped(ctx, rt, c, s, o)
-	}
-	s.Owner = os.Getpid() // transient: GC drops it if this process dies
-	endSave := trace.Step(ctx, "save the snapshot record")
-	err = Save(s)
-	endSave()
-	if err != nil {
-		return nil, nil, err
 	}
 	keep := false
 	defer func() {
