@@ -172,12 +172,23 @@ func sharesMountNS(pid int) bool {
 // mountpoints-<id>.img only then). Without one the restored tree would live in criu's own
 // mount namespace, which must then be the caller's.
 func checkpointHasMountNS(checkpointDir string) bool {
+	return checkpointHas(checkpointDir, "mountpoints-*.img")
+}
+
+// CheckpointHasNetNS reports whether the checkpoint holds a network namespace of its own
+// (criu writes netns-<id>.img only then, empty or not). Without one the restored tree
+// lives in criu's network namespace, or in the one it is told to join.
+func CheckpointHasNetNS(checkpointDir string) bool {
+	return checkpointHas(checkpointDir, "netns-*.img")
+}
+
+func checkpointHas(checkpointDir, pattern string) bool {
 	names, err := os.ReadDir(checkpointDir)
 	if err != nil {
 		return false
 	}
 	for _, n := range names {
-		if m, _ := filepath.Match("mountpoints-*.img", n.Name()); m {
+		if m, _ := filepath.Match(pattern, n.Name()); m {
 			return true
 		}
 	}

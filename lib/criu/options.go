@@ -1,6 +1,7 @@
 package criu
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -171,6 +172,10 @@ type RestoreOptions struct {
 	// NetNS is a network namespace criu runs in, and restores a tree dumped without a
 	// namespace of its own (DumpOptions.NetNS) into. Served by swrk, never the service.
 	NetNS string
+	// JoinNetNS is a network namespace (an nsfs path) the restored tree joins (--join-ns
+	// net): for a tree dumped without a namespace of its own, put in a new one made by the
+	// caller instead of criu's. The service serves it (criu itself stays where it is).
+	JoinNetNS string
 	// Service, when set, serves the restore from a long-lived criu instead of a new swrk
 	// (trees without their own mount namespace still get a swrk).
 	Service *Service
@@ -265,6 +270,12 @@ func (o *RestoreOptions) criuOpts(checkpointFd, workFd int, yard string) (*rpc.C
 	}
 	if o.EmptyNetNS {
 		opts.EmptyNs = proto.Uint32(unix.CLONE_NEWNET)
+	}
+	if o.JoinNetNS != "" {
+		if o.EmptyNetNS || o.NetNS != "" {
+			return nil, errors.New("restore: a tree joins one network namespace: JoinNetNS with EmptyNetNS or NetNS")
+		}
+		opts.JoinNs = append(opts.JoinNs, &rpc.JoinNamespace{Ns: proto.String("net"), NsFile: proto.String(o.JoinNetNS)})
 	}
 	if yard != "" {
 		opts.CgroupYard = proto.String(yard)

@@ -211,12 +211,18 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		}
 	}()
 	var layerTime time.Duration
+	// Every restore of a confined --net none snapshot gives the tree a fresh namespace
+	// with loopback up (startIn): what CRIU would dump of the container's namespace is
+	// never used. So criu dumps from inside that namespace, and the checkpoint holds none:
+	// no ip, iptables-save and nft runs (once half of a later fork's pause), and no walk of
+	// the conntrack tables, which CRIU makes for every namespace it dumps, empty or not,
+	// and which reads the host's whole conntrack hash (~25 ms of a repeat fork's pause).
+	netns := o.NetNS
+	if netns == "" && c.Net == container.NetNone && c.Cluster == "" && c.Confine != nil && !c.Confine.Privileged {
+		netns = fmt.Sprintf("/proc/%d/ns/net", c.Pid) // c.Pid is the group's (checked above)
+	}
 	res, err := criu.Dump(ctx, criu.DumpOptions{
-		NetNS: o.NetNS,
-		// Every restore of a confined --net none snapshot makes a fresh namespace with
-		// loopback up (startIn's freshNone): what CRIU would dump of the namespace is never
-		// used, and dumping it (ip, iptables-save, nft) was half of a later fork's pause.
-		EmptyNetNS:     c.Net == container.NetNone && o.NetNS == "" && c.Cluster == "" && c.Confine != nil && !c.Confine.Privileged,
+		NetNS:          netns,
 		Pid:            c.Pid,
 		CheckpointDir:  s.CheckpointDir,
 		LeaveRunning:   !o.Exit,

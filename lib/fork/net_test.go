@@ -1,13 +1,17 @@
 package fork_test
 
 import (
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/container"
+	"github.com/lazyfork/lazyfork/lib/fork"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
@@ -31,7 +35,9 @@ for i in itertools.count():
 // By default a container has a network namespace of its own with loopback only, and so
 // does each fork: a server listening in the source listens at the same port in every
 // fork, its established connection goes on in every fork, and new clients reach each
-// fork's own server.
+// fork's own server. The first fork moves the source onto its snapshot, the second
+// dumps it as it runs: both from inside its namespace (the checkpoint holds none), and
+// every fork and the moved source get a namespace of their own, never the host's.
 func TestForkServerWithItsOwnNetwork(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	src := create(t, rt, "server", "python3", "-c", tcpPair)
@@ -43,19 +49,42 @@ func TestForkServerWithItsOwnNetwork(t *testing.T) {
 		t.Fatalf("the container sees interfaces %q, want only lo", l[len(l)-1])
 	}
 	forks := doFork(t, rt, src, 2)
+	forks = append(forks, doFork(t, rt, testutil.MustGet(t, rt, src.ID), 1)...)
+	seen := map[string]string{nsOf(t, os.Getpid()): "the host"}
 	for _, f := range append(forks, testutil.MustGet(t, rt, src.ID)) {
 		f := f
+		if other, ok := seen[nsOf(t, f.Pid)]; ok {
+			t.Errorf("%s is in %s's network namespace", f.ID, other)
+		}
+		seen[nsOf(t, f.Pid)] = f.ID
 		n := len(lines(f))
 		testutil.Eventually(t, 10*time.Second, f.ID+"'s pair to go on talking", func() bool { return len(lines(f)) > n+5 })
 		l := lines(f)
-		if !strings.HasPrefix(l[len(l)-1], "pong ") {
-			t.Errorf("%s: last line %q", f.ID, l[len(l)-1])
+		if !strings.HasPrefix(l[len(l)-1], "pong ") || !strings.HasSuffix(l[len(l)-1], "['lo']") {
+			t.Errorf("%s: last line %q, want a pong and only lo", f.ID, l[len(l)-1])
 		}
 		got := execOut(t, rt, f, "python3", "-c", `import socket; s = socket.create_connection(("127.0.0.1", 8080)); s.sendall(b"new"); print(s.recv(64).decode())`)
 		if got != "pong new" {
 			t.Errorf("%s: a new client got %q", f.ID, got)
 		}
 	}
+	s, err := fork.Dump(ctx, rt, testutil.MustGet(t, rt, src.ID), fork.DumpOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = fork.RemoveSnapshot(s); _ = fork.Collect(rt) })
+	if m, _ := filepath.Glob(filepath.Join(s.CheckpointDir, "netns-*.img")); len(m) > 0 {
+		t.Errorf("the checkpoint holds the container's network namespace: %v", m)
+	}
+}
+
+func nsOf(t *testing.T, pid int) string {
+	t.Helper()
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
 }
 
 // --net host keeps the host's network (what containers had before).

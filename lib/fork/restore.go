@@ -313,6 +313,20 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 	// cheaper than CRIU's restore of the dumped one (which runs ip and iptables-restore).
 	// A privileged one keeps CRIU's restore (its sysctls and firewall rules).
 	freshNone := s.Net == container.NetNone && netns == "" && !s.SharedNetNS && s.Confine != nil && !s.Confine.Privileged
+	// Dumped from inside its namespace (see Dump), the checkpoint holds none: the tree
+	// joins a new one with loopback up instead of criu's (the host's). Decided by what the
+	// checkpoint holds, not by the document's confinement.
+	joinNetNS := ""
+	if s.Net == container.NetNone && netns == "" && !criu.CheckpointHasNetNS(s.CheckpointDir) {
+		endNS := trace.Step(ctx, "new network namespace")
+		ns, err := network.NewNetNS()
+		endNS()
+		if err != nil {
+			return fmt.Errorf("fork %s: %w", c.ID, err)
+		}
+		defer ns.Release() // the restored tree holds the namespace from here on
+		joinNetNS, freshNone = ns.Path, false
+	}
 	rctx, endRestore := trace.Start(ctx, "criu restore")
 	res, err := criu.Restore(rctx, criu.RestoreOptions{
 		CheckpointDir:  s.CheckpointDir,
@@ -325,6 +339,7 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 		// Bridge mode: the namespace is made here, with the fork's own address, before
 		// CRIU restores sockets into it (setup-namespaces below).
 		EmptyNetNS: (s.Net == container.NetBridge && netns == "") || freshNone,
+		JoinNetNS:  joinNetNS,
 		Timeout:    RestoreTimeout,
 		KdatDir:    kdatDir(),
 		Binary:     rt.CRIU,
