@@ -71,6 +71,19 @@ def end(p, grace):
         return True
 
 
+def parse_pauses(text):
+    """The agent's gaps as it logs them (agent.py: "<end unix time> <ms>" lines):
+    [(end unix time, ms)]; other lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        try:
+            t, g = line.split()
+            out.append((float(t), float(g)))
+        except ValueError:
+            pass
+    return out
+
+
 def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -1019,14 +1032,7 @@ class Bench:
     def source_pauses(self, ref, env=None):
         """The agent's gaps over 10 ms (see agent.py): [(end unix time, ms)]."""
         p = self.lf("exec", ref, "--timeout", "10s", "--", "cat", "/tmp/lf-pauses", check=False, env=env)
-        out = []
-        for line in p.stdout.splitlines():
-            try:
-                t, g = line.split()
-                out.append((float(t), float(g)))
-            except ValueError:
-                pass
-        return out
+        return parse_pauses(p.stdout)
 
     def conntrack_ms(self, images_dir):
         """How long CRIU's dump spent on the conntrack tables (CT, then expectations: the

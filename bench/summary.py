@@ -58,11 +58,6 @@ def beside_default(rows, variant, pairs, cells, any_n=False):
 def render(b):
     rows, env, cfg = b.rows, b.env, b.cfg
     th = cfg["target_heap"]
-    nmax = max(cfg["ns"])
-    lf = {r["n"]: r for r in pick(rows, "lazyfork", th)}
-    plain = {r["n"]: r for r in pick(rows, "plain-criu", th)}
-    e2e = {r["n"]: r for r in pick(rows, "lazyfork-e2e", th)}
-    top = lf.get(nmax)
     out = []
     w = out.append
 

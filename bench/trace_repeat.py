@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench import end, parse_pauses  # bench/ is this script's directory
+
 HERE = Path(__file__).resolve().parent
 AGENT = (HERE / "agent.py").read_text()
 IMAGE = os.environ.get("LF_BENCH_IMAGE", "lazyfork/debian:bookworm")
@@ -77,27 +79,14 @@ class Build:
             time.sleep(0.1)
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            end(self.proc, 60)
         for f in (self.sock, Path(f"{self.sock}.lock")):
             f.unlink(missing_ok=True)
 
 
 def pauses(b, src):
-    p = b.lf("exec", src, "--", "cat", "/tmp/lf-pauses", check=False)
-    out = []
-    for line in p.stdout.splitlines():
-        try:
-            t, g = line.split()
-            out.append((float(t), float(g)))
-        except ValueError:
-            pass
-    return out
+    return parse_pauses(b.lf("exec", src, "--", "cat", "/tmp/lf-pauses", check=False).stdout)
 
 
 def main():
