@@ -226,24 +226,23 @@ func conditions(args []specs.LinuxSeccompArg) ([]bpfseccomp.ArgumentConditions, 
 	return out, ""
 }
 
+// compares are the profile's plain comparisons, as go-seccomp-bpf names them.
+var compares = map[specs.LinuxSeccompOperator]bpfseccomp.Operation{
+	specs.OpEqualTo: bpfseccomp.Equal, specs.OpNotEqual: bpfseccomp.NotEqual,
+	specs.OpLessThan: bpfseccomp.LessThan, specs.OpLessEqual: bpfseccomp.LessOrEqual,
+	specs.OpGreaterThan: bpfseccomp.GreaterThan, specs.OpGreaterEqual: bpfseccomp.GreaterOrEqual,
+}
+
 func condition(a specs.LinuxSeccompArg) (bpfseccomp.Condition, string) {
 	c := bpfseccomp.Condition{Argument: uint32(a.Index), Value: a.Value}
 	if a.Index > 5 {
 		return c, fmt.Sprintf("argument index %d out of range", a.Index)
 	}
+	if op, ok := compares[a.Op]; ok {
+		c.Operation = op
+		return c, ""
+	}
 	switch a.Op {
-	case specs.OpEqualTo:
-		c.Operation = bpfseccomp.Equal
-	case specs.OpNotEqual:
-		c.Operation = bpfseccomp.NotEqual
-	case specs.OpLessThan:
-		c.Operation = bpfseccomp.LessThan
-	case specs.OpLessEqual:
-		c.Operation = bpfseccomp.LessOrEqual
-	case specs.OpGreaterThan:
-		c.Operation = bpfseccomp.GreaterThan
-	case specs.OpGreaterEqual:
-		c.Operation = bpfseccomp.GreaterOrEqual
 	case specs.OpMaskedEqual:
 		// (arg & mask) == 0 is "no bit of mask set"; other masked compares have no
 		// equivalent in go-seccomp-bpf.
