@@ -141,34 +141,46 @@ func preadFull(fd int, b []byte, off int64) (int, error) {
 	return got, nil
 }
 
-// copyExtents copies the data extents of src in [off, off+n) to dst at [dstOff, dstOff+n), found
-// with SEEK_DATA/SEEK_HOLE so holes stay holes. It returns the bytes copied.
-func copyExtents(dst, src int, off, n, dstOff int64) (int64, error) {
-	var copied int64
-	end := off + n
+// DataExtents calls fn for each data extent [data, hole) of fd inside [off, end), in
+// order, found with SEEK_DATA/SEEK_HOLE: the holes of a sparse memory file are skipped. It
+// stops at fn's first error.
+func DataExtents(fd int, off, end int64, fn func(data, hole int64) error) error {
 	for pos := off; pos < end; {
-		data, err := unix.Seek(src, pos, unix.SEEK_DATA)
+		data, err := unix.Seek(fd, pos, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
-			break
+			return nil // no data after pos
 		}
 		if err != nil {
-			return copied, fmt.Errorf("seek data at %d: %w", pos, err)
+			return fmt.Errorf("seek data at %d: %w", pos, err)
 		}
 		if data >= end {
-			break
+			return nil
 		}
-		hole, err := unix.Seek(src, data, unix.SEEK_HOLE)
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
 		if err != nil {
-			return copied, fmt.Errorf("seek hole at %d: %w", data, err)
+			return fmt.Errorf("seek hole at %d: %w", data, err)
 		}
 		hole = min(hole, end)
-		if err := copyRange(dst, src, data, dstOff+data-off, hole-data); err != nil {
-			return copied, err
+		if err := fn(data, hole); err != nil {
+			return err
 		}
-		copied += hole - data
 		pos = hole
 	}
-	return copied, nil
+	return nil
+}
+
+// copyExtents copies the data extents of src in [off, off+n) to dst at [dstOff, dstOff+n),
+// so holes stay holes. It returns the bytes copied.
+func copyExtents(dst, src int, off, n, dstOff int64) (int64, error) {
+	var copied int64
+	err := DataExtents(src, off, off+n, func(data, hole int64) error {
+		if err := copyRange(dst, src, data, dstOff+data-off, hole-data); err != nil {
+			return err
+		}
+		copied += hole - data
+		return nil
+	})
+	return copied, err
 }
 
 // copyRange copies n bytes with copy_file_range (one in-kernel copy; works within one
@@ -212,27 +224,9 @@ func copyRead(dst, src int, srcOff, dstOff, n int64) error {
 
 // dataPages counts the pages of f's data extents inside [off, off+n).
 func dataPages(f interface{ Fd() uintptr }, off, n int64) (int64, error) {
-	fd := int(f.Fd())
 	var bytes int64
-	end := off + n
-	for pos := off; pos < end; {
-		data, err := unix.Seek(fd, pos, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break
-		}
-		if err != nil {
-			return 0, fmt.Errorf("seek data at %d: %w", pos, err)
-		}
-		if data >= end {
-			break
-		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return 0, fmt.Errorf("seek hole at %d: %w", data, err)
-		}
-		hole = min(hole, end)
-		bytes += hole - data
-		pos = hole
+	if err := DataExtents(int(f.Fd()), off, off+n, func(data, hole int64) error { bytes += hole - data; return nil }); err != nil {
+		return 0, err
 	}
 	return (bytes + pageSize - 1) / pageSize, nil
 }

@@ -361,24 +361,16 @@ func packFile(store, name, src string) error {
 		m := extentMap{Size: fi.Size(), Mode: uint32(fi.Mode().Perm()), Extents: [][2]int64{}}
 		buf := make([]byte, 1<<20)
 		var at int64
-		for off := int64(0); off < fi.Size(); {
-			data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
-			if errors.Is(err, unix.ENXIO) {
-				break // no data after off
-			}
-			if err != nil {
-				return err
-			}
-			hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
-			if err != nil {
-				return err
-			}
+		err := memfile.DataExtents(int(in.Fd()), 0, fi.Size(), func(data, hole int64) error {
 			if err := copyRange(out, at, in, data, hole-data, buf); err != nil {
 				return fmt.Errorf("pack %s: %w", src, err)
 			}
 			m.Extents = append(m.Extents, [2]int64{data, hole - data})
 			at += hole - data
-			off = hole
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		// The map before the data's final name: a packed file is whole once it has both.
 		return fsutil.WriteJSON(filepath.Join(store, name+".map"), &m)
