@@ -18,6 +18,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 
 	"github.com/lazyfork/lazyfork/lib/fsutil"
+	"github.com/lazyfork/lazyfork/lib/nsthread"
 	"github.com/lazyfork/lazyfork/lib/trace"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -253,27 +254,7 @@ func (s *Service) inNS(fn func() error) error {
 	if !s.ownNS || !s.Alive() {
 		return nil
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		// setns(CLONE_NEWNS) refuses a thread that shares its fs_struct (Go's threads do).
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			errc <- err
-			return
-		}
-		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", s.cmd.Process.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNS); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
+	return nsthread.RunPid(s.cmd.Process.Pid, "mnt", unix.CLONE_NEWNS, fn)
 }
 
 // Close stops the service and removes its socket. Restores in flight fail.

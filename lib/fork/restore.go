@@ -18,6 +18,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/network"
+	"github.com/lazyfork/lazyfork/lib/nsthread"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -404,22 +405,7 @@ func addrOnly(cidr string) string {
 // setHostname sets the hostname of pid's UTS namespace from a locked OS thread that is
 // thrown away afterwards (it keeps the foreign namespace).
 func setHostname(pid int, name string) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/uts", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWUTS); err != nil {
-			errc <- err
-			return
-		}
-		errc <- unix.Sethostname([]byte(name))
-	}()
-	if err := <-errc; err != nil {
+	if err := nsthread.RunPid(pid, "uts", unix.CLONE_NEWUTS, func() error { return unix.Sethostname([]byte(name)) }); err != nil {
 		return fmt.Errorf("set hostname of %d: %w", pid, err)
 	}
 	return nil

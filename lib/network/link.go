@@ -7,10 +7,11 @@ import (
 	"net/netip"
 	"os"
 	"regexp"
-	goruntime "runtime"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/lib/nsthread"
 )
 
 // Attachment is what Attach gives a network namespace.
@@ -373,22 +374,14 @@ func CloseInheritedIn(path, parent string) error {
 // inNetNS runs f with a netlink handle whose sockets live in the namespace ns, on an OS
 // thread that joined it; the thread is thrown away afterwards (it keeps the namespace).
 func inNetNS(ns *os.File, f func(*netlink.Handle) error) error {
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("join network namespace: %w", err)
-			return
-		}
+	return nsthread.Run(ns, unix.CLONE_NEWNET, func() error {
 		h, err := netlink.NewHandle(unix.NETLINK_ROUTE, unix.NETLINK_INET_DIAG)
 		if err != nil {
-			errc <- err
-			return
+			return err
 		}
 		defer h.Close()
-		errc <- f(h)
-	}()
-	return <-errc
+		return f(h)
+	})
 }
 
 func linkUp(h *netlink.Handle, name string) error {
