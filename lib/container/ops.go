@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/overlay"
@@ -64,30 +65,25 @@ func (r *Runtime) State(c *store.Container) string {
 
 // Freeze pauses every process of the container.
 func (r *Runtime) Freeze(c *store.Container) error {
-	if err := r.check(guard.OpFreeze, c); err != nil {
-		return err
-	}
-	cg, err := Cgroup(c)
-	if err == nil {
-		err = cg.Freeze()
-	}
-	if err != nil {
-		return fmt.Errorf("freeze %s: %w", c.Display(), err)
-	}
-	return nil
+	return r.freezer(guard.OpFreeze, c, (*cgroup.Cgroup).Freeze)
 }
 
 // Thaw resumes a frozen container.
 func (r *Runtime) Thaw(c *store.Container) error {
-	if err := r.check(guard.OpThaw, c); err != nil {
+	return r.freezer(guard.OpThaw, c, (*cgroup.Cgroup).Thaw)
+}
+
+// freezer checks that op is allowed in c's state, then applies it to c's group.
+func (r *Runtime) freezer(op guard.Op, c *store.Container, apply func(*cgroup.Cgroup) error) error {
+	if err := r.check(op, c); err != nil {
 		return err
 	}
 	cg, err := Cgroup(c)
 	if err == nil {
-		err = cg.Thaw()
+		err = apply(cg)
 	}
 	if err != nil {
-		return fmt.Errorf("thaw %s: %w", c.Display(), err)
+		return fmt.Errorf("%s %s: %w", op, c.Display(), err)
 	}
 	return nil
 }

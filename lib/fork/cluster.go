@@ -36,10 +36,8 @@ func ForkCluster(ctx context.Context, rt *container.Runtime, c *store.Container,
 	if o.N <= 0 {
 		return nil, fmt.Errorf("fork cluster %s: -n must be at least 1", c.Display())
 	}
-	if o.KSM {
-		if err := ksm.Available(); err != nil {
-			return nil, fmt.Errorf("fork cluster %s with ksm: %w: fork without ksm", c.Display(), err)
-		}
+	if err := needKSM(o.KSM, "fork cluster "+c.Display(), "fork without ksm"); err != nil {
+		return nil, err
 	}
 	k, err := takeCut(ctx, rt, c, o.Force, "fork cluster")
 	if err != nil {
@@ -145,6 +143,19 @@ func (k *cut) thaw() error {
 
 // takeCut freezes and dumps c's whole cluster. On failure every member is thawed and no
 // snapshot is left; on success the members are still frozen (see cut.thaw).
+// needKSM refuses an operation (what) asked to map memory files mergeable on a host
+// without KSM, naming fix: a MADV_MERGEABLE bit in a checkpoint fails CRIU's restore on
+// such a kernel.
+func needKSM(on bool, what, fix string) error {
+	if !on {
+		return nil
+	}
+	if err := ksm.Available(); err != nil {
+		return fmt.Errorf("%s with ksm: %w: %s", what, err, fix)
+	}
+	return nil
+}
+
 func takeCut(ctx context.Context, rt *container.Runtime, c *store.Container, force bool, what string) (_ *cut, retErr error) {
 	members, err := rt.Members(c)
 	if err != nil {
@@ -212,10 +223,8 @@ func takeCut(ctx context.Context, rt *container.Runtime, c *store.Container, for
 // o.Force and o.KSM are as for ForkCluster (a ksm tree's cluster maps its memory files
 // mergeable once started again); o.N is not used.
 func StopCluster(ctx context.Context, rt *container.Runtime, c *store.Container, o ClusterOptions) ([]*stage.Snapshot, error) {
-	if o.KSM {
-		if err := ksm.Available(); err != nil {
-			return nil, fmt.Errorf("stop cluster %s with ksm: %w: stop it without ksm", c.Display(), err)
-		}
+	if err := needKSM(o.KSM, "stop cluster "+c.Display(), "stop it without ksm"); err != nil {
+		return nil, err
 	}
 	k, err := takeCut(ctx, rt, c, o.Force, "stop cluster")
 	if err != nil {

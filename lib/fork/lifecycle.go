@@ -10,7 +10,6 @@ import (
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
-	"github.com/lazyfork/lazyfork/lib/ksm"
 	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -60,10 +59,8 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 		return forks, s, err
 	}
 	// A MADV_MERGEABLE bit in the checkpoint fails CRIU's restore on a kernel without KSM.
-	if o.KSM {
-		if err := ksm.Available(); err != nil {
-			return nil, nil, fmt.Errorf("fork %s with ksm: %w: fork without ksm", c.Display(), err)
-		}
+	if err := needKSM(o.KSM, "fork "+c.Display(), "fork without ksm"); err != nil {
+		return nil, nil, err
 	}
 	// Names are checked before the source is touched.
 	for _, n := range o.Names {

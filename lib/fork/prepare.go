@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/lazyfork/lazyfork/lib/container"
-	"github.com/lazyfork/lazyfork/lib/ksm"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/store"
 )
@@ -27,10 +26,8 @@ type PrepareOptions struct {
 // stay while anything maps them. If c cannot be frozen for the swap (a stopped task), c
 // keeps running on its own memory and the snapshot is still a valid keyframe for forks.
 func Prepare(ctx context.Context, rt *container.Runtime, c *store.Container, o PrepareOptions) (*stage.Snapshot, error) {
-	if o.KSM {
-		if err := ksm.Available(); err != nil {
-			return nil, fmt.Errorf("prepare %s with ksm: %w: create the tree without ksm", c.Display(), err)
-		}
+	if err := needKSM(o.KSM, "prepare "+c.Display(), "create the tree without ksm"); err != nil {
+		return nil, err
 	}
 	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Swap: true})
 	if err != nil {
