@@ -113,21 +113,9 @@ func (e *env) counting(name string, n int) string {
 	id := e.must("lazyfork create lazyfork/debian:bookworm --name " + name + " -- " + counter)
 	testutil.Eventually(e.t, 10*time.Second, name+" to count", func() bool {
 		out, _, _ := e.sh("lazyfork attach --no-follow " + name)
-		return lastLine(out) >= n
+		return testutil.LastInt(out) >= n
 	})
 	return id
-}
-
-func lastLine(s string) int {
-	f := strings.Fields(s)
-	if len(f) == 0 {
-		return -1
-	}
-	n, err := strconv.Atoi(f[len(f)-1])
-	if err != nil {
-		return -1
-	}
-	return n
 }
 
 func TestShellPipelineForksTen(t *testing.T) {
@@ -148,7 +136,7 @@ func TestShellPipelineForksTen(t *testing.T) {
 		}
 		testutil.Eventually(t, 10*time.Second, "fork to count past the parent's dump", func() bool {
 			o, _, _ := e.sh("lazyfork attach --no-follow " + f.ID)
-			return lastLine(o) >= 5
+			return testutil.LastInt(o) >= 5
 		})
 		if h := e.must("lazyfork exec " + f.ID + " -- hostname"); h != f.ID {
 			t.Errorf("hostname %q", h)
@@ -174,10 +162,10 @@ func TestReadmeTwinContinuesCount(t *testing.T) {
 	e.must("lazyfork create lazyfork/debian:bookworm --name counter -- " + counter)
 	time.Sleep(time.Second)
 	e.must("lazyfork fork counter --name twin")
-	parentAt := lastLine(e.must("lazyfork attach --no-follow counter"))
+	parentAt := testutil.LastInt(e.must("lazyfork attach --no-follow counter"))
 	testutil.Eventually(t, 10*time.Second, "twin to continue", func() bool {
 		out, _, _ := e.sh("lazyfork attach --no-follow twin")
-		return lastLine(out) > parentAt
+		return testutil.LastInt(out) > parentAt
 	})
 	out := e.must("lazyfork attach --no-follow twin")
 	for i, l := range strings.Fields(out) {

@@ -24,7 +24,7 @@ func TestTreeCLI(t *testing.T) {
 	})
 	testutil.Eventually(t, 10*time.Second, "r1 to count", func() bool {
 		out, _, _ := e.sh("lazyfork attach --no-follow r1")
-		return lastLine(out) >= 2
+		return testutil.LastInt(out) >= 2
 	})
 	var forks []struct {
 		ID, Parent, State string
@@ -72,14 +72,14 @@ func TestTreeCLI(t *testing.T) {
 	// Suspend and resume a fork: it comes back counting where it stopped.
 	f := forks[0].ID
 	e.must("lazyfork tree suspend t1 " + f)
-	at := lastLine(e.must("lazyfork attach --no-follow " + f))
+	at := testutil.LastInt(e.must("lazyfork attach --no-follow " + f))
 	if !strings.Contains(e.must("lazyfork tree nodes t1 | grep "+f), "suspended") {
 		t.Fatal("not shown suspended")
 	}
 	e.must("lazyfork tree resume t1 " + f)
 	testutil.Eventually(t, 10*time.Second, "the resumed fork to count on", func() bool {
 		out, _, _ := e.sh("lazyfork attach --no-follow " + f)
-		return lastLine(out) > at+2
+		return testutil.LastInt(out) > at+2
 	})
 	out := e.must("lazyfork attach --no-follow " + f)
 	for i, l := range strings.Fields(out) {

@@ -40,15 +40,7 @@ func lastCount(t *testing.T, c *store.Container) int {
 	if err != nil {
 		return -1
 	}
-	lines := strings.Fields(string(b))
-	if len(lines) == 0 {
-		return -1
-	}
-	n, err := strconv.Atoi(lines[len(lines)-1])
-	if err != nil {
-		return -1
-	}
-	return n
+	return testutil.LastInt(string(b))
 }
 
 func TestCreateOutputGrowsAndExecSeesContainer(t *testing.T) {

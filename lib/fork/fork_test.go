@@ -61,15 +61,8 @@ func logLines(c *store.Container) []string {
 }
 
 func lastInt(c *store.Container) int {
-	l := logLines(c)
-	if len(l) == 0 {
-		return -1
-	}
-	n, err := strconv.Atoi(l[len(l)-1])
-	if err != nil {
-		return -1
-	}
-	return n
+	b, _ := os.ReadFile(container.LogPath(c))
+	return testutil.LastInt(string(b))
 }
 
 func execOut(t *testing.T, rt *container.Runtime, c *store.Container, args ...string) string {

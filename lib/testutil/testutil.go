@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,4 +129,18 @@ func NewRuntime(t *testing.T) *container.Runtime {
 		_ = fsutil.RemoveAll(run)
 	})
 	return rt
+}
+
+// LastInt is the last word of s (a counting workload's output) as a number, -1 when s is
+// empty or that word is not one.
+func LastInt(s string) int {
+	f := strings.Fields(s)
+	if len(f) == 0 {
+		return -1
+	}
+	n, err := strconv.Atoi(f[len(f)-1])
+	if err != nil {
+		return -1
+	}
+	return n
 }
