@@ -348,22 +348,30 @@ func TestParentOverride(t *testing.T) {
 	}
 }
 
-// TestV2Hierarchy runs the v2 code on whatever cgroup2 mount the host has (on a hybrid
-// host the controller-less /sys/fs/cgroup/unified): freezer, kill and procs are core v2.
-func TestV2Hierarchy(t *testing.T) {
-	requireRoot(t)
-	setParent(t, "")
+// v2Group resolves (without creating it) a group of the test's own on the host's cgroup2
+// mount, which a host without one cannot give.
+func v2Group(t *testing.T) (host, *Cgroup) {
+	t.Helper()
 	h, err := detectHost()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := h.mounts[unified]; !ok {
-		t.Skip("no cgroup2 mount")
+		priv.Miss(t, "no cgroup2 mount")
 	}
 	c, err := resolve(h, true, testName(t), "")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return h, c
+}
+
+// TestV2Hierarchy runs the v2 code on whatever cgroup2 mount the host has (on a hybrid
+// host the controller-less /sys/fs/cgroup/unified): freezer, kill and procs are core v2.
+func TestV2Hierarchy(t *testing.T) {
+	requireRoot(t)
+	setParent(t, "")
+	h, c := v2Group(t)
 	var need []string
 	if containsAll(h.v2Controllers, v2Required) {
 		need = v2Required

@@ -72,17 +72,7 @@ func TestLimitsAndDeviceList(t *testing.T) {
 // still hold a group with a device program and no controllers).
 func TestDeviceFilterV2(t *testing.T) {
 	requireRoot(t)
-	h, err := detectHost()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := h.mounts[unified]; !ok {
-		t.Skip("no cgroup v2 hierarchy mounted")
-	}
-	c, err := resolve(h, true, testName(t), "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c := v2Group(t)
 	if err := c.create(nil); err != nil {
 		t.Fatal(err)
 	}
