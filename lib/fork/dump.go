@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -287,18 +286,17 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 var LayerCopyTimeout = time.Minute
 
 // copyTree copies an overlay upper directory with everything overlayfs keeps in it
-// (whiteout devices, opaque xattrs, ownership, hard links).
+// (whiteout devices, opaque xattrs, ownership, hard links): fsutil.CopyTree, as `cp -a`
+// would, without starting a process while the source is paused.
 func copyTree(ctx context.Context, src, dst string) error {
 	ctx, cancel := context.WithTimeout(ctx, LayerCopyTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "cp", "-a", "--one-file-system", src, dst)
-	cmd.WaitDelay = time.Second // its output pipe may be held by nothing else; don't wait on it
-	out, err := cmd.CombinedOutput()
+	err := fsutil.CopyTree(ctx, src, dst)
 	if ctx.Err() != nil {
-		return fmt.Errorf("freeze layer: cp %s did not finish within %v (the source stays paused while it runs): %w", src, LayerCopyTimeout, ctx.Err())
+		return fmt.Errorf("freeze layer: the copy of %s did not finish within %v (the source stays paused while it runs): %w", src, LayerCopyTimeout, ctx.Err())
 	}
 	if err != nil {
-		return fmt.Errorf("freeze layer: cp %s: %v: %s", src, err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("freeze layer: %w", err)
 	}
 	return nil
 }
