@@ -19,13 +19,13 @@ import (
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/stagecmd"
 	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // Globals are shared by every command; env vars configure them too.
 type Globals struct {
-	Root string `help:"Persistent state directory." env:"LAZYFORK_ROOT" default:"/var/lib/lazyfork"`
-	Run  string `help:"State directory on tmpfs (snapshots, memory files)." env:"LAZYFORK_RUN" default:"/dev/shm/lazyfork"`
+	stagecmd.Roots // --root and --run, as every stage takes them
 	container.Config
 	Socket string `help:"Unix socket of the daemon; commands go through it when a daemon answers there." env:"LAZYFORK_SOCKET" default:"${socket}"`
 	Local  bool   `help:"Run in this process even if a daemon is running." env:"LAZYFORK_LOCAL"`
