@@ -60,6 +60,18 @@ def _quote(ref):
     return urllib.parse.quote(str(ref), safe="")
 
 
+def _given(body, **fields):
+    """``body`` plus the fields the caller gave, in order: None (not given) and False (a
+    flag left off) are left out, so the daemon's defaults stand."""
+    body.update((k, v) for k, v in fields.items() if v is not None and v is not False)
+    return body
+
+
+def _opt(convert, v):
+    """convert(v), or None when v was not given."""
+    return None if v is None else convert(v)
+
+
 def _env_list(env):
     if env is None:
         return None
@@ -171,29 +183,9 @@ class Client:
         (and address) the new one shares: a cluster, forked as one cut with
         :meth:`Container.cluster_fork`; leave net and nat out, a member takes its
         cluster's."""
-        body = {"image": image}
-        if user is not None:
-            body["user"] = user
-        if memory is not None:
-            body["memory"] = int(memory)
-        if pids_limit is not None:
-            body["pids_limit"] = int(pids_limit)
-        if privileged:
-            body["privileged"] = True
-        if net:
-            body["net"] = net  # "none" (default), "bridge" or "host"
-        if nat:
-            body["nat"] = True
-        if join:
-            body["join"] = join
-        if command is not None:
-            body["command"] = list(command)
-        if name is not None:
-            body["name"] = name
-        if env is not None:
-            body["env"] = _env_list(env)
-        if hook is not None:
-            body["hook"] = hook
+        body = _given({"image": image}, user=user, memory=_opt(int, memory), pids_limit=_opt(int, pids_limit),
+                      privileged=bool(privileged), net=net or None, nat=bool(nat), join=join or None,
+                      command=_opt(list, command), name=name, env=_env_list(env), hook=hook)
         info = self.request("POST", "/v1/containers", body)
         return Container(self, info["id"], info)
 
@@ -212,13 +204,7 @@ class Client:
         """Create a snapshot tree rooted at a new container (the arguments of create());
         its keyframe is written at once. ``budget`` is a dict of max_live, max_ram_bytes,
         max_disk_bytes, max_chain_depth (the others take the default). Returns a Tree."""
-        root = {"image": image}
-        if command is not None:
-            root["command"] = list(command)
-        if root_name is not None:
-            root["name"] = root_name
-        if env is not None:
-            root["env"] = _env_list(env)
+        root = _given({"image": image}, command=_opt(list, command), name=root_name, env=_env_list(env))
         root.update(create)
         return self._new_tree({"root": root}, name, label, budget, ksm)
 
@@ -229,14 +215,7 @@ class Client:
 
     def _new_tree(self, body, name, label, budget, ksm):
         from .tree import Tree, budget_body
-        if name is not None:
-            body["name"] = name
-        if label is not None:
-            body["label"] = label
-        if budget is not None:
-            body["budget"] = budget_body(budget)
-        if ksm:
-            body["ksm"] = True
+        _given(body, name=name, label=label, budget=_opt(budget_body, budget), ksm=bool(ksm))
         doc = self.request("POST", "/v1/trees", body)
         return Tree(self, doc["id"], doc)
 
@@ -304,21 +283,9 @@ class Container:
 
         ``huge_pages`` puts the heap's memory files in 2 MiB pages: each working fork
         costs ~0.4 MB less (256 MiB heap), the snapshot takes longer."""
-        body = {"n": n}
-        if names:
-            body["names"] = list(names)
-        if force:
-            body["force"] = True
-        if share:
-            body["share"] = True
-        if copy:
-            body["copy"] = True
-        if huge_pages:
-            body["huge_pages"] = True
-        if hook_force:
-            body["hook_force"] = True
-        if hook_timeout is not None:
-            body["hook_timeout"] = hook_timeout
+        body = _given({"n": n}, names=list(names) if names else None, force=bool(force), share=bool(share),
+                      copy=bool(copy), huge_pages=bool(huge_pages), hook_force=bool(hook_force),
+                      hook_timeout=hook_timeout)
         res = self.client.request("POST", self._path("fork"), body)
         return Forks(Container(self.client, f["id"], {"id": f["id"], "name": f.get("name")}) for f in res["forks"])
 
@@ -326,10 +293,7 @@ class Container:
         """Fork every member of this container's cluster as one cut, ``n`` times. Returns
         the result: ``members`` (each with ``pause_ms`` and its copy in each fork under
         ``forks``) and ``leaders`` (the new clusters)."""
-        body = {"n": n}
-        if force:
-            body["force"] = True
-        return self.client.request("POST", self._path("cluster-fork"), body)
+        return self.client.request("POST", self._path("cluster-fork"), _given({"n": n}, force=bool(force)))
 
     def exec(self, argv, stdin=None, env=None, cwd=None, timeout=None):
         """Run a command inside; returns {"stdout": str, "stderr": str, "exit_code": int}."""
@@ -340,21 +304,12 @@ class Container:
             body["stdin_base64"] = base64.b64encode(bytes(stdin)).decode()
         elif stdin is not None:
             body["stdin"] = stdin
-        if env is not None:
-            body["env"] = _env_list(env)
-        if cwd is not None:
-            body["cwd"] = cwd
-        if timeout is not None:
-            body["timeout"] = timeout
+        _given(body, env=_env_list(env), cwd=cwd, timeout=timeout)
         return self.client.request("POST", self._path("exec"), body)
 
     def stop(self, hook_force=False, hook_timeout=None):
         """Snapshot and end the processes; it stays forkable and can be started again."""
-        body = {}
-        if hook_force:
-            body["hook_force"] = True
-        if hook_timeout is not None:
-            body["hook_timeout"] = hook_timeout
+        body = _given({}, hook_force=bool(hook_force), hook_timeout=hook_timeout)
         self._info = self.client.request("POST", self._path("stop"), body)
         return self._info
 

@@ -28,15 +28,12 @@ operation cannot fit the budget even after eviction).
 """
 
 import json
-import urllib.parse
+
+from .client import _given, _quote
 
 __all__ = ["Tree", "Node", "BUDGET_FIELDS"]
 
 BUDGET_FIELDS = ("max_live", "max_ram_bytes", "max_disk_bytes", "max_chain_depth")
-
-
-def _quote(ref):
-    return urllib.parse.quote(str(ref), safe="")
 
 
 def budget_body(budget):
@@ -225,11 +222,7 @@ class Node:
 
     def fork(self, n=1, names=None, labels=None):
         """Fork ``n`` branches (one dump for the batch); returns their Node handles."""
-        body = {"n": n}
-        if names:
-            body["names"] = list(names)
-        if labels:
-            body["labels"] = list(labels)
+        body = _given({"n": n}, names=list(names) if names else None, labels=list(labels) if labels else None)
         res = self._op("POST", "fork", body)
         return [Node(self.tree, k["id"], k) for k in res["nodes"]]
 
@@ -239,11 +232,7 @@ class Node:
 
     def rollback(self, name=None, label=None):
         """A new branch from this node's keyframe (its earlier state); returns its Node."""
-        body = {}
-        if name:
-            body["name"] = name
-        if label:
-            body["label"] = label
+        body = _given({}, name=name or None, label=label or None)
         res = self.tree._keep(self.client.request("POST", self._path("rollback"), body))
         return Node(self.tree, res["node"]["id"], res["node"])
 
