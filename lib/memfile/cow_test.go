@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -137,20 +135,7 @@ type preforkStatus struct {
 	Addr uint64 `json:"addr"`
 }
 
-func (l *lab) preforkStatus(pid int) preforkStatus {
-	l.t.Helper()
-	os.Remove(filepath.Join(l.status, fmt.Sprintf("status-%d", pid)))
-	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
-		l.t.Fatalf("signal %d: %v", pid, err)
-	}
-	l.waitStatus(pid)
-	var s preforkStatus
-	b, err := os.ReadFile(filepath.Join(l.status, fmt.Sprintf("status-%d", pid)))
-	if err != nil || json.Unmarshal(b, &s) != nil {
-		l.t.Fatalf("status of %d: %v %s", pid, err, b)
-	}
-	return s
-}
+func (l *lab) preforkStatus(pid int) preforkStatus { return askAs[preforkStatus](l, pid) }
 
 // children lists the children of pid.
 func children(pid int) []int {
@@ -446,20 +431,7 @@ type cowStatus struct {
 	AnonSums []string `json:"anon_sums"`
 }
 
-func (l *lab) cowStatus(pid int) cowStatus {
-	l.t.Helper()
-	os.Remove(filepath.Join(l.status, fmt.Sprintf("status-%d", pid)))
-	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
-		l.t.Fatalf("signal %d: %v", pid, err)
-	}
-	l.waitStatus(pid)
-	var s cowStatus
-	b, err := os.ReadFile(filepath.Join(l.status, fmt.Sprintf("status-%d", pid)))
-	if err != nil || json.Unmarshal(b, &s) != nil {
-		l.t.Fatalf("status of %d: %v %s", pid, err, b)
-	}
-	return s
-}
+func (l *lab) cowStatus(pid int) cowStatus { return askAs[cowStatus](l, pid) }
 
 // A parent and its child sharing pages of a written MAP_PRIVATE file mapping and of an
 // anonymous mapping, with pages written after fork() by either in the same mappings

@@ -185,11 +185,37 @@ func (l *lab) waitStatus(pid int) status {
 // ask signals pid for a fresh status.
 func (l *lab) ask(pid int, sig syscall.Signal) status {
 	l.t.Helper()
+	l.request(pid, sig)
+	return l.waitStatus(pid)
+}
+
+// request removes pid's status file and signals it to write a fresh one.
+func (l *lab) request(pid int, sig syscall.Signal) {
+	l.t.Helper()
 	os.Remove(filepath.Join(l.status, fmt.Sprintf("status-%d", pid)))
 	if err := syscall.Kill(pid, sig); err != nil {
 		l.t.Fatalf("signal %d: %v", pid, err)
 	}
-	return l.waitStatus(pid)
+}
+
+// statusAs waits for pid's status file and reads it into a T: the fields of a workload
+// of the test's own.
+func statusAs[T any](l *lab, pid int) T {
+	l.t.Helper()
+	l.waitStatus(pid)
+	var s T
+	b, err := os.ReadFile(filepath.Join(l.status, fmt.Sprintf("status-%d", pid)))
+	if err != nil || json.Unmarshal(b, &s) != nil {
+		l.t.Fatalf("status of %d: %v %s", pid, err, b)
+	}
+	return s
+}
+
+// askAs is ask (SIGUSR1) read into a T.
+func askAs[T any](l *lab, pid int) T {
+	l.t.Helper()
+	l.request(pid, syscall.SIGUSR1)
+	return statusAs[T](l, pid)
 }
 
 func criu(args ...string) ([]byte, error) {

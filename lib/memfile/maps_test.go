@@ -2,7 +2,6 @@ package memfile
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -78,15 +77,7 @@ func TestManyMappingsOneFile(t *testing.T) {
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	pid := childOf(t, cmd.Process.Pid)
 	l.track(pid)
-	okOf := func(pid int) int {
-		var st struct{ OK int }
-		l.waitStatus(pid) // waits for the file; its fields are ours, read here
-		b, err := os.ReadFile(filepath.Join(l.status, fmt.Sprintf("status-%d", pid)))
-		if err != nil || json.Unmarshal(b, &st) != nil {
-			t.Fatalf("status of %d: %v %s", pid, err, b)
-		}
-		return st.OK
-	}
+	okOf := func(pid int) int { return statusAs[struct{ OK int }](l, pid).OK }
 	if got := okOf(pid); got != n {
 		t.Fatalf("the workload checks %d of %d pages before any dump", got, n)
 	}

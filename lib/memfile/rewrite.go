@@ -487,19 +487,9 @@ func (r *rewriter) openLibrary(v *vmaInfo) (int, int64, error) {
 // page; zeros past the end of the file).
 func readLibraryPage(fd int, v *vmaInfo, addr uint64, buf []byte) error {
 	off := int64(v.e.GetPgoff()) + int64(addr-v.e.GetStart())
-	n := 0
-	for n < len(buf) {
-		c, err := unix.Pread(fd, buf[n:], off+int64(n))
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("read %s at %d: %w", v.reg.GetReg().GetName(), off+int64(n), err)
-		}
-		if c == 0 {
-			break
-		}
-		n += c
+	n, err := preadFull(fd, buf, off)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", v.reg.GetReg().GetName(), err)
 	}
 	clear(buf[n:])
 	return nil
