@@ -131,6 +131,10 @@ type DumpOptions struct {
 	NetNS string
 	// Binary is the operator's criu (FindBinary's explicit path); "" = the default one.
 	Binary string
+	// PageServer, if set, is a connected stream socket criu sends the pages to with its
+	// page-server protocol (memfile.PageServer) instead of writing pagemap and pages
+	// images (swrk's ps.fd).
+	PageServer *os.File
 }
 
 // RestoreOptions describe one restore.

@@ -59,7 +59,7 @@ type result struct {
 // response. It returns an error when criu could not be run, failed (resp.success false), did
 // not answer, or the deadline passed; criu is SIGKILLed on deadline or cancel and always
 // reaped before swrk returns.
-func swrk(ctx context.Context, binary string, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc, hold *os.File, netns ...string) (res result, retErr error) {
+func swrk(ctx context.Context, binary string, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc, hold, pageServer *os.File, netns ...string) (res result, retErr error) {
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
@@ -96,6 +96,10 @@ func swrk(ctx context.Context, binary string, req *rpc.CriuReq, kdatDir string, 
 	cmd.ExtraFiles = []*os.File{server}
 	if hold != nil {
 		cmd.ExtraFiles = append(cmd.ExtraFiles, hold) // fd 4, unused by criu
+	}
+	if pageServer != nil && req.Opts != nil {
+		req.Opts.Ps = &rpc.CriuPageServerInfo{Fd: proto.Int32(int32(3 + len(cmd.ExtraFiles)))}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, pageServer)
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = criuEnv()

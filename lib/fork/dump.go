@@ -25,6 +25,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/memfile"
 	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/snapshot"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/trace"
@@ -160,13 +161,27 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	}
 	endSave()
 
+	swap := o.Swap && !o.Exit
+	// A source's first swap (it runs on its own memory): its memory files' pages are
+	// allocated now, while it runs, so that the rewrite it is frozen for writes into them.
+	var preBytes int64
+	var preTime time.Duration
+	if swap && c.Family == "" {
+		endPre := trace.Step(ctx, "preallocate the memory files' pages")
+		preBytes, preTime = preallocTimed(cg, s)
+		endPre()
+		defer func() {
+			if retErr != nil {
+				dropPrealloc(s)
+			}
+		}()
+	}
 	endHook := trace.Step(ctx, "hook: quiesce")
 	err = hook.Quiesce(ctx, c, o.Hook)
 	endHook()
 	if err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
-	swap := o.Swap && !o.Exit
 	if swap {
 		if tid, _ := criu.StoppedTask(cg.FreezerDir()); tid != 0 {
 			swap = false // freezing first would hang on it (see criu.StoppedTask)
@@ -209,6 +224,25 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 			retErr = errors.Join(retErr, cg.Thaw())
 		}
 	}()
+	// A source's first swap: CRIU sends the pages to a page server that writes them into
+	// the memory files (allocated above) at once, instead of into pages images that the
+	// rewrite would copy again while the source is frozen. One process only (frozen: no
+	// other comes): the rewrite finds the pages a process shares copy-on-write with its
+	// parent (a pre-forking server's workers) by comparing pages images.
+	var ps *memfile.PageServer
+	var psConn *os.File
+	if swap && c.Family == "" && singleProcess(cg) && snapshot.MakeFamilyDir(s.FamilyDir) == nil {
+		if ps, err = memfile.StartPageServer(s.CheckpointDir, s.FamilyDir, s.ID); err == nil {
+			psConn = ps.Conn
+			defer func() {
+				if ps != nil {
+					ps.Abort()
+				}
+			}()
+		} else {
+			ps = nil // pages images as ever
+		}
+	}
 	var layerTime time.Duration
 	// Every restore of a confined --net none snapshot gives the tree a fresh namespace
 	// with loopback up (startIn): what CRIU would dump of the container's namespace is
@@ -221,6 +255,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		netns = fmt.Sprintf("/proc/%d/ns/net", c.Pid) // c.Pid is the group's (checked above)
 	}
 	res, err := criu.Dump(ctx, criu.DumpOptions{
+		PageServer:     psConn,
 		NetNS:          netns,
 		Pid:            c.Pid,
 		CheckpointDir:  s.CheckpointDir,
@@ -262,6 +297,16 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 			return copyTree(ctx, c.Upper, s.Layer)
 		},
 	})
+	if ps != nil {
+		psConn.Close() // criu's copy: the stream ends with criu
+		_, _, perr := ps.Wait(10 * time.Second)
+		ps.Abort()
+		ps = nil
+		// The server's own failure (a full tmpfs) is the cause of criu's ("Broken pipe").
+		if perr != nil && !(err != nil && errors.Is(perr, memfile.ErrStreamCut)) {
+			err = errors.Join(perr, err)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
@@ -272,12 +317,19 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	s.Dump = stage.DumpStats{
 		WallMs: stage.Ms(res.Wall), FrozenMs: stage.Ms(res.Frozen), LayerMs: stage.Ms(layerTime),
 		PagesWritten: res.PagesWritten, PagesScanned: res.PagesScanned, CheckpointBytes: dirBytes(s.CheckpointDir),
+		PreallocMs: stage.Ms(preTime), PreallocBytes: preBytes, PagesPlaced: psConn != nil,
 	}
 	defer trace.Step(ctx, "save the snapshot record")()
 	if err := Save(s); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// singleProcess reports whether the group holds one process (threads aside).
+func singleProcess(cg *cgroup.Cgroup) bool {
+	pids, err := cg.Procs()
+	return err == nil && len(pids) == 1
 }
 
 // LayerCopyTimeout bounds the copy of a container's upper directory, which runs while

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/container"
+	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/network"
@@ -83,6 +85,13 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 	swap := !o.Copy && !o.Share && c.Family == "" && c.Cluster == ""
 	endChecks()
 	endChecks = func() {}
+	if swap && !o.PerForkCriu {
+		// Started while the source runs: it serves the swap's restore (the source is paused
+		// until that ends) and then the forks'.
+		svc, stop := serviceForSwap(ctx, rt, o.Service)
+		defer stop()
+		o.Service = svc
+	}
 	// Transient: GC drops the snapshot if this process dies.
 	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true})
 	if err != nil {
@@ -260,6 +269,19 @@ func resumeIn(ctx context.Context, rt *container.Runtime, c *store.Container, s 
 	return rt.Containers.Put(c)
 }
 
+// serviceForSwap returns a criu service for a swap's restore: have if alive,
+// else one started now (stop closes it), or nil (a swrk criu restores it then).
+func serviceForSwap(ctx context.Context, rt *container.Runtime, have *criu.Service) (*criu.Service, func()) {
+	if have != nil && have.Alive() {
+		return have, func() {}
+	}
+	svc, err := criu.StartService(ctx, kdatDir(), rt.CRIU)
+	if err != nil {
+		return nil, func() {}
+	}
+	return svc, func() { svc.Close() }
+}
+
 // forkSwapped finishes a fork whose dump left the source frozen (DumpOptions.Swap): the
 // rewrite, the source moved onto the snapshot (Swap), then the forks. The source is never
 // lost: until Swap has a new source running, any failure thaws the old one as it was.
@@ -271,11 +293,13 @@ func forkSwapped(ctx context.Context, rt *container.Runtime, c *store.Container,
 		_ = Collect(rt)
 		return nil, nil, err
 	}
-	if err := Swap(ctx, rt, c, m); err != nil {
+	swapStart := time.Now()
+	if err := Swap(ctx, rt, c, m, o.Service); err != nil {
 		_ = RemoveSnapshot(m)
 		_ = Collect(rt)
 		return nil, nil, err
 	}
+	m.SwapMs = stage.Ms(time.Since(swapStart))
 	// The source maps the snapshot's family now; the snapshot stays while forks are made
 	// and goes once nothing needs it (GC counts the source's lower layers and family).
 	m.Owner = os.Getpid()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -29,6 +30,8 @@ func Prepare(ctx context.Context, rt *container.Runtime, c *store.Container, o P
 	if err := needKSM(o.KSM, "prepare "+c.Display(), "create the tree without ksm"); err != nil {
 		return nil, err
 	}
+	svc, stop := serviceForSwap(ctx, rt, nil)
+	defer stop()
 	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Swap: true})
 	if err != nil {
 		return nil, err
@@ -43,11 +46,13 @@ func Prepare(ctx context.Context, rt *container.Runtime, c *store.Container, o P
 		return nil, err
 	}
 	if m.Swap {
-		if err := Swap(ctx, rt, c, m); err != nil {
+		t := time.Now()
+		if err := Swap(ctx, rt, c, m, svc); err != nil {
 			_ = RemoveSnapshot(m)
 			_ = Collect(rt)
 			return nil, err
 		}
+		m.SwapMs = stage.Ms(time.Since(t))
 	}
 	m.Owner = 0
 	if err := Save(m); err != nil {

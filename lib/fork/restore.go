@@ -255,6 +255,12 @@ func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, s
 	if s.Memfile != nil {
 		c.Timings["memfile_ms"] = s.Memfile.Ms
 	}
+	if s.Dump.PreallocMs > 0 {
+		c.Timings["prealloc_ms"] = s.Dump.PreallocMs
+	}
+	if s.SwapMs > 0 {
+		c.Timings["swap_ms"] = s.SwapMs
+	}
 	endPut := trace.Step(ctx, "write the record")
 	err = rt.Containers.Put(c)
 	endPut()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/container"
+	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -29,7 +30,12 @@ var SwapRestoreTimeout = 30 * time.Second
 // processes. On any failure before that point the old source is thawed where it was, with
 // its upper back in place: nothing is lost. Later dumps of the source capture only what
 // it changes on top of the family's memory files.
-func Swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot) (retErr error) {
+// svc, when alive, serves the restore (a criu service started before the freeze: no
+// criu to start while the source is paused); nil runs a criu of its own.
+func Swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, svc *criu.Service) (retErr error) {
+	if svc != nil && !svc.Alive() {
+		svc = nil
+	}
 	if !s.Swap {
 		return fmt.Errorf("swap %s: snapshot %s did not leave the source frozen for a swap", c.Display(), s.ID)
 	}
@@ -89,7 +95,7 @@ func Swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *sta
 	// the minute a fork's restore may take (a caller killed meanwhile would leave the source
 	// frozen until GC), and a criu that logged an error is killed sooner (criu.ErrorGrace).
 	rctx, cancel := context.WithTimeout(ctx, SwapRestoreTimeout)
-	err = startIn(rctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, nil, hold, false, "")
+	err = startIn(rctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, svc, hold, false, "")
 	cancel()
 	if err != nil {
 		return fmt.Errorf("swap %s: %w", c.Display(), err)

@@ -128,7 +128,7 @@ func TestSwapFailureLeavesSourceRunning(t *testing.T) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	err = fork.Swap(cctx, rt, src, m)
+	err = fork.Swap(cctx, rt, src, m, nil)
 	if err == nil {
 		t.Fatal("swap succeeded without memory files")
 	}

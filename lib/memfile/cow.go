@@ -91,7 +91,7 @@ type shareCand struct {
 // runs after the parent's plan (tasks are in pstree order, parents first) and before t's
 // pieces are given to files.
 func (r *rewriter) share(t *task, parent *task) error {
-	if parent == nil || len(parent.vmas) == 0 {
+	if parent == nil || len(parent.vmas) == 0 || t.placed != "" || parent.placed != "" {
 		return nil
 	}
 	var cands []shareCand

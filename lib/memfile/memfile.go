@@ -85,6 +85,16 @@ type Options struct {
 	// restores each VMA's madvise bits, so ksmd may merge the forks' identical private
 	// pages. Opt-in per tree, same tenant only (docs/security.md).
 	KSM bool
+	// Prealloc names, by the pid the checkpoint gives a process, a file in FamilyDir made
+	// by Preallocate before the dump: that process's memory file is this file renamed,
+	// its pages already allocated (prealloc.go). A name that is gone is ignored.
+	Prealloc map[uint32]string
+	// Placed names, by pid, the file in FamilyDir where a PageServer put a process's
+	// dumped pages, each at offset = its address; its pages image is empty. The file
+	// becomes the process's memory file (or, with nothing to convert, only the source of
+	// the pages that stay in the checkpoint); copy-on-write sharing with a parent
+	// (cow.go) is not looked for.
+	Placed map[uint32]string
 }
 
 // Result describes what Rewrite did.
@@ -107,9 +117,12 @@ type Result struct {
 	// its parent's memory file instead of being stored again (cow.go).
 	CowSharedPages int64 `json:"cow_shared_pages"`
 	// HugePages counts 2 MiB stretches of anonymous memory made huge pages (see huge.go).
-	HugePages int           `json:"huge_pages"`
-	Duration  time.Duration `json:"duration_ns"`
-	MBPerSec  float64       `json:"mb_per_sec"` // BytesWritten / Duration, MB = 10^6 bytes
+	HugePages int `json:"huge_pages"`
+	// PreallocFiles counts memory files written into pages allocated before the dump
+	// (Options.Prealloc).
+	PreallocFiles int           `json:"prealloc_files,omitempty"`
+	Duration      time.Duration `json:"duration_ns"`
+	MBPerSec      float64       `json:"mb_per_sec"` // BytesWritten / Duration, MB = 10^6 bytes
 }
 
 // File is one memory file created by Rewrite.
@@ -186,6 +199,10 @@ type task struct {
 	changed  bool
 	keptData int64    // bytes of pages staying in the checkpoint
 	anon     *memFile // the process's anonymous memory file, once it has one
+	// placed is the file holding the process's dumped pages at offset = address
+	// (Options.Placed), "" when they are in its pages image: pieces' src are then
+	// addresses in it.
+	placed string
 }
 
 type vmaInfo struct {
@@ -247,6 +264,9 @@ func Rewrite(ctx context.Context, opts Options) (res *Result, retErr error) {
 		return nil, err
 	}
 	if err := r.writeImages(ctx, &steps); err != nil {
+		return nil, err
+	}
+	if err := r.punchPlaced(); err != nil {
 		return nil, err
 	}
 	if err := r.finish(); err != nil {
@@ -397,7 +417,9 @@ func (t *task) split(dir string) error {
 			if span := (limit - addr) / uint64(pageSize); span < uint64(n) {
 				p.n = int64(span)
 			}
-			if has {
+			if has && t.placed != "" {
+				p.src = int64(addr)
+			} else if has {
 				p.src = off
 				off += p.n * pageSize
 			}
@@ -415,6 +437,15 @@ func (t *task) split(dir string) error {
 	}
 	name := fmt.Sprintf("pages-%d.img", t.pagesID)
 	st, err := os.Stat(filepath.Join(dir, name))
+	if t.placed != "" {
+		if err == nil && st.Size() != 0 {
+			return fmt.Errorf("read image %s: %w: %d bytes, but the pages of %s are in %s", name, ErrUnaccounted, st.Size(), t.pmName, filepath.Base(t.placed))
+		}
+		if _, err := os.Stat(t.placed); err != nil {
+			return fmt.Errorf("pages of %s: %w", t.pmName, err)
+		}
+		return nil
+	}
 	if err != nil {
 		if off == 0 && errors.Is(err, os.ErrNotExist) {
 			return nil

@@ -44,7 +44,9 @@ type memFile struct {
 	id   uint32     // its files.img entry, shared by every VMA that maps it
 	// VMAs' offsets (vmaInfo.off) agree with their addresses modulo 2 MiB where memory is
 	// anonymous, so that a huge tmpfs page can be mapped whole (one PMD, no page-table page).
-	hugePages int // 2 MiB stretches collapsed into huge pages
+	hugePages int  // 2 MiB stretches collapsed into huge pages
+	prealloc  bool // renamed from a Preallocate file: pages outside the data are punched
+	placed    bool // renamed from the process's placed file: its dumped pages are in it
 	pieces    []piece
 	written   int64
 	bytes     int64
@@ -55,6 +57,13 @@ func (r *rewriter) plan() error {
 	multi := len(r.set.tasks) > 1
 	byPid := map[uint32]*task{}
 	for _, t := range r.set.tasks {
+		if name, ok := r.opts.Placed[t.pid]; ok {
+			if name == "" || name != filepath.Base(name) {
+				return fmt.Errorf("rewrite: pages file %q of process %d is not a file name", name, t.pid)
+			}
+			t.placed = filepath.Join(r.opts.FamilyDir, name)
+			t.changed = true // its pages image is written from the file
+		}
 		if err := t.split(r.set.dir); err != nil {
 			return err
 		}
@@ -252,20 +261,42 @@ func (r *rewriter) scanFamily(base string, off, n int64) (pages, size int64, err
 	return pages, st.Size(), nil
 }
 
-// createFiles creates every memory file (O_EXCL) at its apparent size.
+// createFiles creates every memory file (O_EXCL) at its apparent size, or renames the
+// process's preallocated file to its name.
 func (r *rewriter) createFiles(steps *undo.Stack) error {
 	for _, mf := range r.files {
-		f, err := os.OpenFile(mf.path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o400)
-		if err != nil {
-			return fmt.Errorf("create memory file: %w", err)
-		}
 		path := mf.path
-		steps.Push(func() error {
+		removeStep := func() error {
 			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return fmt.Errorf("remove memory file: %w", err)
 			}
 			return nil
-		})
+		}
+		if mf.t.placed != "" {
+			// The placed file becomes the memory file; undone, it goes back (the
+			// checkpoint's pages are in it).
+			if err := unix.Renameat2(unix.AT_FDCWD, mf.t.placed, unix.AT_FDCWD, mf.path, unix.RENAME_NOREPLACE); err != nil {
+				return fmt.Errorf("create memory file %s from %s: %w", mf.name, filepath.Base(mf.t.placed), err)
+			}
+			from := mf.t.placed
+			mf.t.placed, mf.prealloc, mf.placed = mf.path, true, true
+			r.res.PreallocFiles++
+			steps.Push(func() error { return os.Rename(path, from) })
+			continue
+		}
+		if ok, err := r.takePrealloc(mf); err != nil {
+			return err
+		} else if ok {
+			mf.prealloc = true
+			r.res.PreallocFiles++
+			steps.Push(removeStep)
+			continue
+		}
+		f, err := os.OpenFile(mf.path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o400)
+		if err != nil {
+			return fmt.Errorf("create memory file: %w", err)
+		}
+		steps.Push(removeStep)
 		err = f.Truncate(mf.size)
 		// Closed at once: fill reopens one file per worker (never a descriptor per file).
 		if cerr := f.Close(); err == nil && cerr != nil {
@@ -278,12 +309,34 @@ func (r *rewriter) createFiles(steps *undo.Stack) error {
 	return nil
 }
 
+// takePrealloc renames mf's process's preallocated file (Options.Prealloc) to mf's name,
+// if there is one: a regular file of a memory file's size in FamilyDir, renamed without
+// replacing anything. It reports whether it did.
+func (r *rewriter) takePrealloc(mf *memFile) (bool, error) {
+	name, ok := r.opts.Prealloc[mf.t.pid]
+	if !ok || mf.kind != "anon" || name == "" || name != filepath.Base(name) {
+		return false, nil
+	}
+	src := filepath.Join(r.opts.FamilyDir, name)
+	var st unix.Stat_t
+	if err := unix.Lstat(src, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != mf.size {
+		return false, nil // gone (a gc pruned it), or not one of Preallocate's: write afresh
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, mf.path, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("create memory file %s from %s: %w", mf.name, name, err)
+	}
+	return true, nil
+}
+
 // fill writes every memory file, biggest first, on as many workers as there are CPUs.
 // Writes to one tmpfs file serialize on its inode lock, so files are the unit of work.
 func (r *rewriter) fill(ctx context.Context) error {
 	maps := map[*task][]byte{}
 	for _, t := range r.set.tasks {
-		if !t.changed {
+		if !t.changed || t.placed != "" {
 			continue
 		}
 		m, err := r.pagesOf(t)
@@ -377,25 +430,38 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 	// pages over them.
 	for _, v := range mf.vmas {
 		var err error
-		switch v.act {
-		case actFile:
-			err = r.copyLibrary(fd, mf, v)
-		case actRebase:
-			err = r.copyFamily(fd, mf, v)
+		switch {
+		case v.act != actFile && v.act != actRebase:
+		case mf.placed:
+			err = r.copyBaseAround(fd, mf, v)
+		case v.act == actFile:
+			err = r.copyLibrary(fd, mf, v, 0, int64(v.e.GetEnd()-v.e.GetStart()))
+		default:
+			err = r.copyFamily(fd, mf, v, 0, int64(v.e.GetEnd()-v.e.GetStart()))
 		}
 		if err != nil {
 			return err
 		}
 	}
 	for _, p := range mf.pieces {
+		if mf.placed {
+			break // in place already
+		}
 		v := mf.t.vmas[p.vma]
 		dst := v.off + int64(p.vaddr-v.e.GetStart())
 		src := pages[p.src : p.src+p.n*pageSize]
 		// A zero page over base bytes must punch a hole; over anonymous memory the file
-		// is a hole already.
-		n, err := writePages(ctx, fd, src, dst, v.act != actAnon)
+		// is a hole already, unless it was preallocated.
+		n, err := writePages(ctx, fd, src, dst, v.act != actAnon || mf.prealloc)
 		mf.written += n
 		if err != nil {
+			return fmt.Errorf("write memory file %s: %w", mf.name, err)
+		}
+	}
+	// A placed file still holds the pages that stay in the checkpoint: punched once the
+	// pages image is written (punchPlaced).
+	if mf.prealloc && !mf.placed {
+		if err := punchOutside(fd, mf.dataRanges()); err != nil {
 			return fmt.Errorf("write memory file %s: %w", mf.name, err)
 		}
 	}
@@ -414,14 +480,93 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 	return nil
 }
 
-// copyFamily copies the data a rebased VMA maps from its family file to its place in mf.
-func (r *rewriter) copyFamily(fd int, mf *memFile, v *vmaInfo) error {
+// dataRanges are the sorted, merged file ranges fillOne writes in mf: the pages of its
+// anonymous pieces, and the whole of every VMA it writes base bytes for.
+func (mf *memFile) dataRanges() []PreallocRun {
+	var rs []PreallocRun
+	for _, v := range mf.vmas {
+		if v.act == actFile || v.act == actRebase {
+			rs = append(rs, PreallocRun{uint64(v.off), uint64(v.off) + v.e.GetEnd() - v.e.GetStart()})
+		}
+	}
+	for _, p := range mf.pieces {
+		v := mf.t.vmas[p.vma]
+		dst := uint64(v.off) + p.vaddr - v.e.GetStart()
+		rs = append(rs, PreallocRun{dst, dst + uint64(p.n*pageSize)})
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i].Start < rs[j].Start })
+	out := rs[:0]
+	for _, r := range rs {
+		if k := len(out); k > 0 && r.Start <= out[k-1].End {
+			out[k-1].End = max(out[k-1].End, r.End)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// copyBaseAround writes a placed file's base bytes (a library's, a family file's) for v
+// where v has no dumped page: the dumped ones are in place already.
+func (r *rewriter) copyBaseAround(fd int, mf *memFile, v *vmaInfo) error {
+	at, end := v.e.GetStart(), v.e.GetEnd()
+	gap := func(to uint64) error {
+		if to <= at {
+			return nil
+		}
+		from, n := int64(at-v.e.GetStart()), int64(to-at)
+		if v.act == actFile {
+			return r.copyLibrary(fd, mf, v, from, n)
+		}
+		return r.copyFamily(fd, mf, v, from, n)
+	}
+	for _, p := range mf.pieces {
+		if mf.t.vmas[p.vma] != v {
+			continue
+		}
+		if err := gap(p.vaddr); err != nil {
+			return err
+		}
+		at = max(at, p.vaddr+uint64(p.n*pageSize))
+	}
+	return gap(end)
+}
+
+// punchPlaced punches out of each placed memory file the pages that went to the
+// checkpoint's pages image and anything else it does not hold (as fillOne does for a
+// preallocated one), after writeImages has copied them.
+func (r *rewriter) punchPlaced() error {
+	for _, mf := range r.files {
+		if !mf.placed {
+			continue
+		}
+		f, err := os.OpenFile(mf.path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open memory file %s: %w", mf.name, err)
+		}
+		err = punchOutside(int(f.Fd()), mf.dataRanges())
+		var st unix.Stat_t
+		if err == nil {
+			err = unix.Fstat(int(f.Fd()), &st)
+			mf.bytes = st.Blocks * 512
+		}
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("write memory file %s: %w", mf.name, err)
+		}
+	}
+	return nil
+}
+
+// copyFamily copies the data a rebased VMA maps from its family file to its place in mf:
+// the n bytes from from (relative to the VMA's start).
+func (r *rewriter) copyFamily(fd int, mf *memFile, v *vmaInfo, from, n int64) error {
 	base, err := r.openFamily(v.family)
 	if err != nil {
 		return err
 	}
 	defer base.Close()
-	n, err := copyExtents(fd, int(base.Fd()), int64(v.e.GetPgoff()), int64(v.e.GetEnd()-v.e.GetStart()), v.off)
+	n, err = copyExtents(fd, int(base.Fd()), int64(v.e.GetPgoff())+from, n, v.off+from)
 	mf.written += n
 	if err != nil {
 		return fmt.Errorf("copy family file %s into %s: %w", v.family, mf.name, err)
@@ -429,20 +574,20 @@ func (r *rewriter) copyFamily(fd int, mf *memFile, v *vmaInfo) error {
 	return nil
 }
 
-// copyLibrary writes the original file's bytes for a file-backed VMA's [pgoff, pgoff+len)
-// at v.off in mf.
-func (r *rewriter) copyLibrary(dst int, mf *memFile, v *vmaInfo) error {
+// copyLibrary writes the original file's bytes for a file-backed VMA's [pgoff+from,
+// pgoff+from+length) at v.off+from in mf.
+func (r *rewriter) copyLibrary(dst int, mf *memFile, v *vmaInfo, from, length int64) error {
 	fd, size, err := r.openLibrary(v)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	off := int64(v.e.GetPgoff())
-	n := min(int64(v.e.GetEnd()-v.e.GetStart()), size-off)
+	off := int64(v.e.GetPgoff()) + from
+	n := min(length, size-off)
 	if n <= 0 {
 		return nil
 	}
-	w, err := copyDense(dst, fd, off, n, v.off)
+	w, err := copyDense(dst, fd, off, n, v.off+from)
 	mf.written += w
 	if err != nil {
 		return fmt.Errorf("copy %s into %s: %w", v.reg.GetReg().GetName(), mf.name, err)
@@ -602,7 +747,11 @@ func (r *rewriter) store(name string, img *crit.CriuImage, steps *undo.Stack) er
 // writePagesImage copies the pages that stay in the checkpoint into a new pages image.
 func (r *rewriter) writePagesImage(t *task, steps *undo.Stack) error {
 	name := fmt.Sprintf("pages-%d.img", t.pagesID)
-	src, err := os.Open(filepath.Join(r.set.dir, name))
+	srcPath := filepath.Join(r.set.dir, name)
+	if t.placed != "" {
+		srcPath = t.placed // pieces' src are addresses in it
+	}
+	src, err := os.Open(srcPath)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) && t.keptData == 0 {
 			return nil

@@ -76,8 +76,21 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 		shared := AllocatedPages(s.FamilyDir)
 		rebase = shared > 0 && float64(s.Dump.PagesWritten) > RebaseFraction*float64(shared)
 	}
+	// Files the dump preallocated for the swap, or its page server put the pages in
+	// (fork.Dump): used by the rewrite or, whatever happens, removed.
+	prealloc, placed := preallocFiles(s), map[uint32]string(nil)
+	defer func() {
+		for _, name := range prealloc {
+			_ = os.Remove(filepath.Join(s.FamilyDir, name))
+		}
+	}()
+	if s.Dump.PagesPlaced {
+		placed = prealloc
+	}
 	endRewrite := trace.Step(ctx, "rewrite the checkpoint")
 	res, err := memfile.Rewrite(ctx, memfile.Options{
+		Prealloc:           prealloc,
+		Placed:             placed,
 		CheckpointDir:      s.CheckpointDir,
 		FamilyDir:          s.FamilyDir,
 		MountPath:          memfile.DefaultMountPath,
@@ -98,13 +111,27 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 		Files: len(res.Files), VMAsConverted: res.VMAsConverted, FileVMAsConverted: res.FileVMAsConverted,
 		PagesMoved: res.PagesMoved, PagesKept: res.PagesKept, SharedPages: res.SharedPages,
 		DeltaPages: res.DeltaPages, Rebased: res.VMAsRebased > 0, BytesWritten: res.BytesWritten, HugePages: res.HugePages,
-		Ms: stage.Ms(res.Duration), MBPerSec: res.MBPerSec,
+		PreallocFiles: res.PreallocFiles,
+		Ms:            stage.Ms(res.Duration), MBPerSec: res.MBPerSec,
 	}
 	defer trace.Step(ctx, "save the snapshot record")()
 	if err := Save(s); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// preallocFiles lists the files preallocated for s in its family directory, by the pid
+// the checkpoint names their process.
+func preallocFiles(s *stage.Snapshot) map[uint32]string {
+	ents, _ := os.ReadDir(s.FamilyDir)
+	out := map[uint32]string{}
+	for _, e := range ents {
+		if pid, ok := memfile.ParsePreallocName(s.ID, e.Name()); ok && e.Type().IsRegular() {
+			out[pid] = e.Name()
+		}
+	}
+	return out
 }
 
 // MakeFamilyDir creates a family's directory on tmpfs: 0700 and root's (the memory files

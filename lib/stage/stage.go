@@ -53,6 +53,10 @@ type Snapshot struct {
 	// Swap: the source was left frozen with its upper directory moved to Layer, to be
 	// restored from this snapshot in place (lazyfork fork's default); see lib/fork.Swap.
 	Swap bool `json:"swap,omitempty"`
+	// SwapMs: how long the swap took to restore the source and end the old processes,
+	// which stayed frozen meanwhile (its pause is the dump's frozen part, the rewrite and
+	// this).
+	SwapMs float64 `json:"swap_ms,omitempty"`
 
 	// Family is the set of memory files this snapshot's forks map; FamilyDir holds them
 	// on tmpfs and is bound read-only at /.lazyfork/mem in every fork.
@@ -102,6 +106,14 @@ type DumpStats struct {
 	PagesWritten    uint64  `json:"pages_written"`
 	PagesScanned    uint64  `json:"pages_scanned"`
 	CheckpointBytes int64   `json:"image_bytes"`
+	// PreallocMs and PreallocBytes: the memory files' pages allocated before the freeze
+	// (a source's first swap), for the rewrite to write into.
+	PreallocMs    float64 `json:"prealloc_ms,omitempty"`
+	PreallocBytes int64   `json:"prealloc_bytes,omitempty"`
+	// PagesPlaced: CRIU sent the pages to a page server that wrote each process's into
+	// its memory file (<snapshot>-prealloc-<pid>.mem) at their addresses: the checkpoint's
+	// pages images are empty until the rewrite, which needs those files, has run.
+	PagesPlaced bool `json:"pages_placed,omitempty"`
 }
 
 // MemfileStats are lf-memfile's measurements.
@@ -116,6 +128,7 @@ type MemfileStats struct {
 	Rebased           bool    `json:"rebased"`
 	BytesWritten      int64   `json:"bytes_written"`
 	HugePages         int     `json:"huge_pages"`
+	PreallocFiles     int     `json:"prealloc_files,omitempty"` // written into preallocated pages
 	Ms                float64 `json:"ms"`
 	MBPerSec          float64 `json:"mb_per_sec"`
 }

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""The source's pause at its first fork, side by side for two or more builds (issue 14).
+
+    python3 bench/first_pause.py --bin before=/work/main/bin --bin after=bin [--runs 5] [--heap 256]
+
+For each run and each build (alternating which goes first, so drift hits both alike): a
+fresh container running bench/agent.py with a heap of --heap MiB, one `lazyfork fork`
+of it (local, no daemon), the longest gap its agent saw during the fork (the pause), and
+the fork's timings (dump, CRIU's frozen part, rewrite, swap, preallocation). Prints p50s
+and writes first_pause.csv to --out. Run as root, under `flock /tmp/lazyfork-bench.lock`.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402 - local module
+from bench import Bench, SMOKE, log, pct, write_csv  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", action="append", required=True, help="NAME=DIR of lazyfork binaries (repeat)")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--heap", type=int, default=256, help="MiB")
+    ap.add_argument("--out", default="/tmp/lazyfork-bench-only")
+    a = ap.parse_args()
+    builds = []
+    for b in a.bin:
+        name, _, d = b.partition("=")
+        if not name or not d or not (Path(d) / "lazyfork").is_file():
+            sys.exit(f"first_pause: --bin {b}: want NAME=DIR with DIR/lazyfork")
+        builds.append((name, Path(d).resolve()))
+    if os.geteuid() != 0:
+        sys.exit("first_pause: must run as root")
+    os.environ["LAZYFORK_LOCAL"] = "1"  # the build under test runs the fork, not a daemon
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    b = Bench(SMOKE, out, False)
+    rows = []
+    try:
+        for r in range(a.runs):
+            order = builds if r % 2 == 0 else builds[::-1]
+            for name, d in order:
+                bench.BIN = d
+                src = b.create_source(a.heap, b.name("fp", name, r, "src"))
+                time.sleep(0.5)
+                t0 = time.time()
+                f = b.jsonl(b.lf("fork", src["id"], "--name", b.name("fp", name, r, "f"), "--json", timeout=600).stdout)[0]
+                t1 = time.time()
+                gaps = b.source_pauses(src["id"])
+                pause = max([g for e, g in gaps if t0 <= e <= t1 + 0.05] or [None], key=lambda x: x or 0)
+                tim = b.stats(f["id"]).get("timings_ms") or {}
+                row = dict(build=name, run=r, pause_ms=pause, fork_ms=(t1 - t0) * 1000, **tim)
+                rows.append(row)
+                log(f"{name} run {r}: pause {pause} ms; " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(tim.items())))
+                b.delete([f["id"], src["id"]])
+    finally:
+        b.cleanup()
+    write_csv(out / "first_pause.csv", rows)
+    keys = ["pause_ms", "fork_ms", "prealloc_ms", "dump_ms", "frozen_ms", "memfile_ms", "swap_ms", "restore_ms"]
+    print("build  " + "  ".join(f"{k:>12}" for k in keys) + "   (p50 over %d runs)" % a.runs)
+    for name, _ in builds:
+        rs = [x for x in rows if x["build"] == name]
+        cells = []
+        for k in keys:
+            v = pct([x.get(k) for x in rs], 50)
+            cells.append(f"{v:12.0f}" if v is not None else f"{'-':>12}")
+        print(f"{name:6} " + "  ".join(cells))
+    print(json.dumps({"csv": str(out / "first_pause.csv")}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+package fork
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/lazyfork/lazyfork/lib/cgroup"
+	"github.com/lazyfork/lazyfork/lib/memfile"
+	"github.com/lazyfork/lazyfork/lib/snapshot"
+	"github.com/lazyfork/lazyfork/lib/stage"
+)
+
+// preallocate allocates, while the source still runs, the memory-file pages that the
+// rewrite of its first swap writes while it is frozen (see lib/memfile/prealloc.go): one
+// file per process of cg, in s's family directory, from its present anonymous pages.
+// The pages come from a container, so the total is capped by the anonymous memory its
+// group is charged for: a forged or sprawling address space (huge mappings, the zero page
+// mapped everywhere) cannot make the host allocate more than the container already holds.
+// Best effort: whatever fails, the rewrite writes into fresh pages as without it. It
+// returns the bytes allocated.
+func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot) int64 {
+	st, err := cg.Stats()
+	if err != nil || st.Rss == 0 {
+		return 0
+	}
+	budget := int64(st.Rss) / int64(os.Getpagesize())
+	pids, err := cg.Procs()
+	if err != nil {
+		return 0
+	}
+	if err := snapshot.MakeFamilyDir(s.FamilyDir); err != nil {
+		return 0
+	}
+	var total int64
+	for _, pid := range pids {
+		if budget <= 0 {
+			break
+		}
+		nspid, err := memfile.NSPid(pid)
+		if err != nil {
+			continue // gone
+		}
+		runs, pages, err := memfile.AnonRuns(pid, budget)
+		if err != nil || pages == 0 {
+			continue
+		}
+		n, err := memfile.Preallocate(filepath.Join(s.FamilyDir, memfile.PreallocName(s.ID, nspid)), runs)
+		total += n
+		budget -= pages
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "lazyfork: dump %s: %v (the rewrite writes into fresh pages)\n", s.Source.Name, err)
+			break
+		}
+	}
+	return total
+}
+
+// dropPrealloc removes what preallocate made for s when no rewrite will take it (the dump
+// failed): its files, and the family directory if that leaves it empty.
+func dropPrealloc(s *stage.Snapshot) {
+	ents, _ := os.ReadDir(s.FamilyDir)
+	for _, e := range ents {
+		if _, ok := memfile.ParsePreallocName(s.ID, e.Name()); ok {
+			_ = os.Remove(filepath.Join(s.FamilyDir, e.Name()))
+		}
+	}
+	_ = os.Remove(s.FamilyDir) // only if empty
+}
+
+// preallocTimed runs preallocate and records it in s's dump statistics.
+func preallocTimed(cg *cgroup.Cgroup, s *stage.Snapshot) (int64, time.Duration) {
+	t := time.Now()
+	n := preallocate(cg, s)
+	return n, time.Since(t)
+}

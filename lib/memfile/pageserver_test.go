@@ -1,0 +1,166 @@
+package memfile
+
+import (
+	"bytes"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/pagemap"
+)
+
+// psClient speaks CRIU's side of the page-server protocol (criu/page-xfer.c).
+type psClient struct {
+	t *testing.T
+	f *os.File
+}
+
+func (c psClient) send(cmd uint32, nr, vaddr, dst uint64, data []byte) {
+	c.t.Helper()
+	h := make([]byte, psHeaderSize)
+	binary.LittleEndian.PutUint32(h[0:], cmd)
+	binary.LittleEndian.PutUint64(h[8:], nr)
+	binary.LittleEndian.PutUint64(h[16:], vaddr)
+	binary.LittleEndian.PutUint64(h[24:], dst)
+	if _, err := c.f.Write(append(h, data...)); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c psClient) recv(n int) []byte {
+	c.t.Helper()
+	b := make([]byte, n)
+	if _, err := c.f.Read(b); err != nil {
+		c.t.Fatal(err)
+	}
+	return b
+}
+
+func TestPageServer(t *testing.T) {
+	root := shmDir(t)
+	img, fam := filepath.Join(root, "img"), filepath.Join(root, "fam")
+	for _, d := range []string{img, fam} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Process 5's file was preallocated; process 6's is made by the server.
+	if _, err := Preallocate(filepath.Join(fam, PreallocName("s1", 5)), []PreallocRun{{base, base + 4*ps}}); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := StartPageServer(img, fam, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := psClient{t, srv.Conn}
+	pid := func(id uint64) uint64 { return id<<8 | psTypePid }
+	c.send(psIovOpen2, 0, 0, pid(5), nil)
+	if b := c.recv(1); b[0] != 0 {
+		t.Fatalf("has_parent %d", b[0])
+	}
+	c.send(psIovAddF|pePresentFlag<<16, 2, base+ps, pid(5), append(page('a'), page('b')...))
+	c.send(psIovAddF|pePresentFlag<<16, 1, base+10*ps, pid(5), page('c'))
+	c.send(psIovOpen2, 0, 0, pid(6), nil)
+	c.recv(1)
+	c.send(psIovAddF|pePresentFlag<<16, 1, base, pid(6), page('x'))
+	c.send(psIovOpen2, 0, 0, 7<<8|psTypeShmem, nil)
+	c.recv(1)
+	c.send(psIovAddF|pePresentFlag<<16, 2, 0, 7<<8|psTypeShmem, append(page('m'), page('n')...))
+	c.send(psIovClose, 0, 0, 0, nil)
+	if b := c.recv(4); !bytes.Equal(b, make([]byte, 4)) {
+		t.Fatalf("status %v", b)
+	}
+	srv.Conn.Close()
+	placed, n, err := srv.Wait(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 6*pageSize || placed[5] != PreallocName("s1", 5) || placed[6] != PreallocName("s1", 6) || len(placed) != 2 {
+		t.Fatalf("placed %v, %d bytes", placed, n)
+	}
+	f5 := filepath.Join(fam, placed[5])
+	for i, want := range [][]byte{page(0), page('a'), page('b')} {
+		if got := readPage(t, f5, base/ps+uint64(i)); !bytes.Equal(got, want) {
+			t.Errorf("process 5 page %d: %q...", i, got[:2])
+		}
+	}
+	if got := readPage(t, f5, base/ps+10); !bytes.Equal(got, page('c')) {
+		t.Errorf("process 5 page 10: %q...", got[:2])
+	}
+	if got := readPage(t, filepath.Join(fam, placed[6]), base/ps); !bytes.Equal(got, page('x')) {
+		t.Errorf("process 6: %q...", got[:2])
+	}
+	pm := loadPM(t, img, 5)
+	if len(pm) != 2 || pm[0].GetVaddr() != base+ps || pagesIn(pm[0]) != 2 || pm[0].GetFlags() != pePresent || pm[1].GetVaddr() != base+10*ps {
+		t.Errorf("pagemap-5 %v", pm)
+	}
+	head, err := loadImage(img, "pagemap-5.img", "PAGEMAP", &pagemap.PagemapHead{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages := filepath.Join(img, "pages-"+itoa(head.Entries[0].Message.(*pagemap.PagemapHead).GetPagesId())+".img")
+	if st, err := os.Stat(pages); err != nil || st.Size() != 0 {
+		t.Errorf("process 5's pages image %s: %v (want it empty)", pages, err)
+	}
+	sh, err := loadImage(img, "pagemap-shmem-7.img", "PAGEMAP", &pagemap.PagemapHead{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(img, "pages-"+itoa(sh.Entries[0].Message.(*pagemap.PagemapHead).GetPagesId())+".img"))
+	if err != nil || !bytes.Equal(data, append(page('m'), page('n')...)) {
+		t.Errorf("shared memory's pages image: %d bytes, %v", len(data), err)
+	}
+}
+
+// Pages past what a memory file can hold, or a stream cut short, fail the dump (criu's
+// next write fails: the server is gone) instead of leaving a checkpoint with pages
+// missing.
+func TestPageServerRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		run  func(c psClient)
+		want string
+	}{
+		{"past the file", func(c psClient) {
+			c.send(psIovOpen2, 0, 0, 1<<8|psTypePid, nil)
+			c.recv(1)
+			c.send(psIovAddF|pePresentFlag<<16, 1, uint64(AnonFileSize), 1<<8|psTypePid, page('a'))
+		}, "past a memory file"},
+		{"unaligned", func(c psClient) {
+			c.send(psIovOpen2, 0, 0, 1<<8|psTypePid, nil)
+			c.recv(1)
+			c.send(psIovAddF|pePresentFlag<<16, 1, base+1, 1<<8|psTypePid, page('a'))
+		}, "bad page run"},
+		{"no close", func(c psClient) {
+			c.send(psIovOpen2, 0, 0, 1<<8|psTypePid, nil)
+			c.recv(1)
+		}, "before the end of the dump"},
+		{"opened twice", func(c psClient) {
+			c.send(psIovOpen2, 0, 0, 1<<8|psTypePid, nil)
+			c.recv(1)
+			c.send(psIovOpen2, 0, 0, 1<<8|psTypePid, nil)
+		}, "opened twice"},
+		{"unknown type", func(c psClient) {
+			c.send(psIovOpen2, 0, 0, 1<<8|9, nil)
+		}, "image type 9"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := shmDir(t)
+			srv, err := StartPageServer(root, root, "s")
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.run(psClient{t, srv.Conn})
+			srv.Conn.Close()
+			if _, _, err := srv.Wait(5 * time.Second); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func itoa(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
