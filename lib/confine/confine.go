@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/moby/sys/capability"
@@ -93,16 +94,48 @@ func (p Profile) Validate() error {
 // execve from the same goroutine right after Apply returns (syscall.Exec). The seccomp
 // filter is synchronised to every thread (SECCOMP_FILTER_FLAG_TSYNC). After Apply the
 // caller can no longer mount, setns or change users; do all of that before.
-func (p Profile) Apply() error {
+func (p Profile) Apply() error { return p.ApplyFilters(nil) }
+
+// Filters are the profile's seccomp programs (none for a privileged or unconfined one),
+// compiled once per set of capabilities in this process: a daemon compiles them for the
+// commands it execs once, not anew in each exec helper.
+func (p Profile) Filters() ([][]unix.SockFilter, error) {
+	if p.Privileged || p.Seccomp != SeccompDefault {
+		return nil, nil
+	}
+	key := strings.Join(p.Caps, ",")
+	if v, ok := compiled.Load(key); ok {
+		return v.([][]unix.SockFilter), nil
+	}
+	progs, err := DefaultFilters(p.Caps)
+	if err != nil {
+		return nil, err
+	}
+	compiled.Store(key, progs)
+	return progs, nil
+}
+
+var compiled sync.Map // caps -> [][]unix.SockFilter
+
+// ApplyFilters is Apply with the seccomp programs Filters compiled for the profile
+// (given by the process that started this one); with none, a profile that needs a filter
+// compiles its own, so a missing program never means no filter.
+func (p Profile) ApplyFilters(progs [][]unix.SockFilter) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	var progs [][]unix.SockFilter
-	if !p.Privileged && p.Seccomp == SeccompDefault {
+	if p.Privileged || p.Seccomp != SeccompDefault {
+		progs = nil
+	} else if len(progs) == 0 {
 		// Compiled before anything is dropped, so an error leaves the process untouched.
 		var err error
-		if progs, err = DefaultFilters(p.Caps); err != nil {
+		if progs, err = p.Filters(); err != nil {
 			return err
+		}
+	}
+	for _, prog := range progs {
+		if len(prog) == 0 || len(prog) > bpfMaxInsns {
+			return fmt.Errorf("confine: a seccomp program of %d instructions", len(prog))
 		}
 	}
 	if !p.Privileged {

@@ -314,6 +314,9 @@ func compile(p *bpfseccomp.Policy) ([]unix.SockFilter, error) {
 
 // loadFilter installs prog for every thread of the process. no_new_privs (or
 // CAP_SYS_ADMIN) must already hold.
+// bpfMaxInsns is the kernel's limit on a classic BPF program (BPF_MAXINSNS).
+const bpfMaxInsns = 4096
+
 func loadFilter(prog []unix.SockFilter) error {
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
 	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER,

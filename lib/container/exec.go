@@ -65,6 +65,9 @@ type execConfig struct {
 	// first thing (cgroup.JoinThread), cheaper than the parent moving it; empty when the
 	// parent moved it (v2).
 	JoinTasks []string `json:"join_tasks,omitempty"`
+	// Filters are Confine's seccomp programs, compiled by the parent (once per daemon,
+	// confine.Profile.Filters) rather than by every helper.
+	Filters [][]unix.SockFilter `json:"filters,omitempty"`
 }
 
 // MaybeCgexec runs the exec helper and never returns if this process was started as one.
@@ -180,7 +183,7 @@ func onTerminal(streams ...any) bool {
 // command starts: the command inherits it through fork and execve. The one place exec'd
 // processes get their confinement.
 func confineExec(cfg *execConfig) error {
-	if err := cfg.Confine.Apply(); err != nil {
+	if err := cfg.Confine.ApplyFilters(cfg.Filters); err != nil {
 		return fmt.Errorf("confine the command: %w", err)
 	}
 	return nil
@@ -424,6 +427,19 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 		return cmd.Process.Kill()
 	}
 	cmd.WaitDelay = 2 * time.Second
+	// What the helper needs, ready before it starts. On v1 the helper's thread that will
+	// exec the command moves itself into the container's cgroup, first thing.
+	cfg := execConfig{Pid: c.Pid, Args: o.Args, Env: mergeEnv(c.Env, o.Env), Cwd: o.Cwd, Confine: c.ConfineProfile(),
+		JoinTasks: cg.ThreadJoinFiles()}
+	if cfg.Cwd == "" {
+		cfg.Cwd = c.WorkingDir
+	}
+	if err := cfg.Confine.Validate(); err != nil {
+		return nil, fail(err)
+	}
+	if cfg.Filters, err = cfg.Confine.Filters(); err != nil {
+		return nil, fail(err)
+	}
 	endPrep()
 	endPrep = func() {}
 	endStart := trace.Step(ctx, "start the exec helper in its pid namespace")
@@ -444,10 +460,7 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 		return nil, fail(err)
 	}
 	// In the container's cgroup before it does anything: what it runs is accounted to
-	// (and killed with) the container. On v1 the helper's thread that will exec the
-	// command moves itself, first thing.
-	cfg := execConfig{Pid: c.Pid, Args: o.Args, Env: mergeEnv(c.Env, o.Env), Cwd: o.Cwd, Confine: c.ConfineProfile(),
-		JoinTasks: cg.ThreadJoinFiles()}
+	// (and killed with) the container (on v1 it moves itself, see JoinTasks).
 	if len(cfg.JoinTasks) == 0 {
 		endJoin := trace.Step(ctx, "move the helper into its cgroup")
 		err = cg.AddProc(cmd.Process.Pid)
@@ -455,12 +468,6 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 		if err != nil {
 			return abort(err)
 		}
-	}
-	if cfg.Cwd == "" {
-		cfg.Cwd = c.WorkingDir
-	}
-	if err := cfg.Confine.Validate(); err != nil {
-		return abort(err)
 	}
 	if err := json.NewEncoder(cfgW).Encode(cfg); err != nil {
 		return abort(fmt.Errorf("send exec config: %w", err))

@@ -211,7 +211,7 @@ func TestExecConfinedAsInit(t *testing.T) {
 		layerFile{name: "etc/passwd", body: []byte("root:x:0:0::/root:/bin/sh\nagent:x:1000:1000::/home/agent:/bin/sh\n")},
 		layerFile{name: "etc/group", body: []byte("root:x:0:\nagent:x:1000:\n")})
 	show := func(p string) string {
-		return "cat " + p + "/cgroup; grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' " + p + "/status"
+		return "cat " + p + "/cgroup; grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp|Seccomp_filters):' " + p + "/status"
 	}
 	for _, o := range []container.CreateOptions{
 		{Name: "confined"},
