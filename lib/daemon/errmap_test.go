@@ -11,6 +11,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/daemon"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/guard"
+	"github.com/lazyfork/lazyfork/lib/resolve"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
 )
 
@@ -32,6 +33,7 @@ func TestTypedErrorsMapAlike(t *testing.T) {
 	_, errInvalid := bt.PlanAdd("r", 0, 1, 1) // no nodes
 	errBudget := budget.Budget{}.Validate()
 	_, errChange := bt.PlanBudget(budget.Budget{MaxLive: 1, MaxRAMBytes: 5, MaxDiskBytes: 100})
+	_, _, errAmbiguousTree := resolve.Find([]string{"ab01", "ab02"}, "ab", "tree", 2, func(id string) (string, string) { return id, "" })
 	for _, c := range []struct {
 		err    error
 		status int
@@ -47,6 +49,8 @@ func TestTypedErrorsMapAlike(t *testing.T) {
 		{fmt.Errorf("tree budget: %w", errBudget), http.StatusBadRequest, client.CodeBadRequest, exitcode.Usage},
 		{errChange, http.StatusConflict, client.CodeOverBudget, exitcode.Failed},
 		{fmt.Errorf("lock: %w", guard.ErrBusy), http.StatusConflict, client.CodeBusy, exitcode.Busy},
+		// An ambiguous prefix of a tree's id is the usage error a container's is.
+		{errAmbiguousTree, http.StatusConflict, client.CodeAmbiguous, exitcode.Usage},
 		// Any error a lib package gives an exit status (lib/snaptree's invalid states and
 		// bad requests are these).
 		{exitcode.With(errors.New("prepare n1: it is suspended; resume it first"), exitcode.InvalidState), http.StatusConflict, client.CodeInvalidState, exitcode.InvalidState},
