@@ -12,8 +12,6 @@ import (
 // runtime code); these names keep the pipeline's code and its callers as they were.
 type MemfileOptions = snapshot.MemfileOptions
 
-const RebaseFraction = snapshot.RebaseFraction
-
 var (
 	ErrStateBusy    = snapshot.ErrStateBusy
 	Save            = snapshot.Save
@@ -23,7 +21,6 @@ var (
 	ReadSnapshotArg = snapshot.ReadSnapshotArg
 	Memfile         = snapshot.Memfile
 	MakeFamilyDir   = snapshot.MakeFamilyDir
-	StateLockPath   = snapshot.StateLockPath
 	LockState       = snapshot.LockState
 
 	newSnapshotID  = snapshot.NewID
