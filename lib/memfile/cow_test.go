@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -103,30 +102,22 @@ func TestShareWithParentSynthetic(t *testing.T) {
 // prefork is a pre-forking server: a master with a 64 MiB heap forks 4 workers that only
 // read it, but worker 0 writes one page. Each process reports status-<pid> on SIGUSR1:
 // the heap's checksum and address.
-const prefork = `
-import ctypes, hashlib, json, os, signal, sys, time
-status_dir, workers = sys.argv[1], int(sys.argv[2])
+const prefork = statusPy + `
+import ctypes, hashlib
+workers = int(sys.argv[2])
 buf = bytearray(64 << 20)
 pat = bytes(range(1, 256)) * 17
 for off in range(0, 64 << 20, 4096):
     buf[off:off + 4096] = pat[:4096]
 addr = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
 def report(*a):
-    me = os.readlink('/proc/self')
-    doc = {"sum": hashlib.sha256(buf).hexdigest(), "pid": int(me), "addr": addr}
-    tmp = os.path.join(status_dir, '.tmp-' + me)
-    with open(tmp, 'w') as f:
-        json.dump(doc, f)
-    os.rename(tmp, os.path.join(status_dir, 'status-' + me))
+    write_status({"sum": hashlib.sha256(buf).hexdigest(), "addr": addr})
 for i in range(workers):
     if os.fork() == 0:
         if i == 0:
             buf[0:4096] = b'w' * 4096
         break
-signal.signal(signal.SIGUSR1, report)
-report()
-while True:
-    time.sleep(0.05)
+serve(report)
 `
 
 type preforkStatus struct {
@@ -173,18 +164,7 @@ func TestPreforkSharesOnce(t *testing.T) {
 	requirePriv(t)
 	const workers = 4
 	l := newLab(t)
-	script := filepath.Join(l.base, "prefork.py")
-	if err := os.WriteFile(script, []byte(prefork), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("unshare", "--pid", "--fork", "setsid", "python3", script, l.status, strconv.Itoa(workers))
-	cmd.Dir = l.base
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	master := childOf(t, cmd.Process.Pid)
-	l.track(master)
+	master := l.run("prefork.py", prefork, strconv.Itoa(workers))
 	var kids []int
 	for deadline := time.Now().Add(timescale.Scale(20 * time.Second)); len(kids) < workers && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond)
@@ -387,9 +367,9 @@ func TestShareFilePrivateSynthetic(t *testing.T) {
 // the parent after, 16-23 by the child, 32-39 written by the parent after fork() only,
 // 48-55 by the child only. Each process reports status-<pid> on SIGUSR1: the mappings'
 // addresses and each page's checksum.
-const cowPages = `
-import ctypes, hashlib, json, mmap, os, signal, sys, time
-status_dir, data = sys.argv[1], sys.argv[2]
+const cowPages = statusPy + `
+import ctypes, hashlib, mmap
+data = sys.argv[2]
 N, P = 64, mmap.PAGESIZE
 with open(data, 'wb') as f:
     f.write(b''.join(bytes([65 + i % 26]) * P for i in range(N)))
@@ -408,19 +388,12 @@ if os.fork() == 0:
 else:
     write(list(range(8, 16)) + list(range(32, 40)))
 def report(*a):
-    me = os.readlink('/proc/self')
-    doc = {"pid": int(me)}
+    doc = {}
     for k, m in maps.items():
         doc[k] = ctypes.addressof(ctypes.c_char.from_buffer(m))
         doc[k + '_sums'] = [hashlib.sha256(m[i * P:(i + 1) * P]).hexdigest()[:16] for i in range(N)]
-    tmp = os.path.join(status_dir, '.tmp-' + me)
-    with open(tmp, 'w') as f:
-        json.dump(doc, f)
-    os.rename(tmp, os.path.join(status_dir, 'status-' + me))
-signal.signal(signal.SIGUSR1, report)
-report()
-while True:
-    time.sleep(0.05)
+    write_status(doc)
+serve(report)
 `
 
 type cowStatus struct {
@@ -440,18 +413,7 @@ func (l *lab) cowStatus(pid int) cowStatus { return askAs[cowStatus](l, pid) }
 func TestCowPagesStayShared(t *testing.T) {
 	requirePriv(t)
 	l := newLab(t)
-	script := filepath.Join(l.base, "cow.py")
-	if err := os.WriteFile(script, []byte(cowPages), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("unshare", "--pid", "--fork", "setsid", "python3", script, l.status, filepath.Join(l.base, "data"))
-	cmd.Dir = l.base
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	parent := childOf(t, cmd.Process.Pid)
-	l.track(parent)
+	parent := l.run("cow.py", cowPages, filepath.Join(l.base, "data"))
 	// It forks once it has written its pages and reports once its handler is set (python3
 	// may be a shim that runs helpers first).
 	l.waitStatus(parent)

@@ -42,12 +42,31 @@ func requirePriv(t *testing.T) {
 	}
 }
 
+// statusPy starts every test workload: write_status(doc) writes doc, with the process's
+// host pid, as status-<pid> in the status directory (argv[1]) by a rename; serve(report)
+// reports now and on each SIGUSR1, and idles.
+const statusPy = `
+import json, os, signal, sys, time
+status_dir = sys.argv[1]
+def write_status(doc):
+    me = os.readlink('/proc/self')
+    doc["pid"] = int(me)
+    tmp = os.path.join(status_dir, '.tmp-' + me)
+    with open(tmp, 'w') as f:
+        json.dump(doc, f)
+    os.rename(tmp, os.path.join(status_dir, 'status-' + me))
+def serve(report):
+    signal.signal(signal.SIGUSR1, report)
+    report()
+    while True:
+        time.sleep(0.05)
+`
+
 // workload holds a 64 MB bytearray: 48 MB of a pattern, 4 MB of touched zero pages.
 // SIGUSR1 writes status-<host pid> (count, checksum); SIGUSR2 scribbles on the heap.
 // No file stays open between reports, so a dump sees only /dev/null.
-const workload = `
-import ctypes, hashlib, json, os, signal, sys, time
-status_dir = sys.argv[1]
+const workload = statusPy + `
+import ctypes, hashlib
 buf = bytearray(64 << 20)
 pat = bytes(range(256)) * 16
 for off in range(0, 48 << 20, 4096):
@@ -58,13 +77,8 @@ for off in range(48 << 20, 52 << 20, 4096):
 libc = ctypes.CDLL(None)
 count = 0
 def report(*a):
-    me = os.readlink('/proc/self')
-    doc = {"count": count, "sum": hashlib.sha256(buf).hexdigest(), "pid": int(me),
-           "strlen": libc.strlen(b"lazyfork"), "json": json.loads(json.dumps({"a": [1, 2]}))}
-    tmp = os.path.join(status_dir, '.tmp-' + me)
-    with open(tmp, 'w') as f:
-        json.dump(doc, f)
-    os.rename(tmp, os.path.join(status_dir, 'status-' + me))
+    write_status({"count": count, "sum": hashlib.sha256(buf).hexdigest(),
+                  "strlen": libc.strlen(b"lazyfork"), "json": json.loads(json.dumps({"a": [1, 2]}))})
 def scribble(*a):
     buf[0:4096] = b'x' * 4096
     report()
@@ -125,36 +139,30 @@ func (l *lab) track(pid int) {
 	l.mu.Unlock()
 }
 
-// start runs the workload as init of its own pid namespace and session leader.
+// start runs the workload and waits for its first status.
 func (l *lab) start() int {
+	pid := l.run("workload.py", workload)
+	l.waitStatus(pid)
+	return pid
+}
+
+// run starts the Python program (arguments: the status directory, then args) as init of
+// its own pid namespace and session leader, and returns its pid, tracked.
+func (l *lab) run(name, program string, args ...string) int {
 	t := l.t
-	script := filepath.Join(l.base, "workload.py")
-	if err := os.WriteFile(script, []byte(workload), 0o644); err != nil {
+	t.Helper()
+	script := filepath.Join(l.base, name)
+	if err := os.WriteFile(script, []byte(program), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("unshare", "--pid", "--fork", "setsid", "python3", script, l.status)
+	cmd := exec.Command("unshare", append([]string{"--pid", "--fork", "setsid", "python3", script, l.status}, args...)...)
 	cmd.Dir = l.base
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start workload: %v", err)
+		t.Fatalf("start %s: %v", name, err)
 	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	var pid int
-	deadline := time.Now().Add(10 * time.Second)
-	for pid == 0 && time.Now().Before(deadline) {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
-		if f := strings.Fields(string(b)); len(f) > 0 {
-			pid, _ = strconv.Atoi(f[0])
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if pid == 0 {
-		t.Fatal("workload did not start")
-	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	pid := childOf(t, cmd.Process.Pid)
 	l.track(pid)
-	l.waitStatus(pid)
 	return pid
 }
 

@@ -19,9 +19,9 @@ import (
 // manyMaps is CRIU's zdtm maps06 in Python: 10,240 private mappings of one file, each page
 // written, interleaved with 10,240 private anonymous pages, each written (20,480 VMAs with
 // dumped pages). SIGUSR1 checks every page and writes status-<pid> {"ok": n, "pid": pid}.
-const manyMaps = `
-import ctypes, json, mmap, os, signal, sys, time
-status_dir, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+const manyMaps = statusPy + `
+import ctypes, mmap
+path, n = sys.argv[2], int(sys.argv[3])
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
 libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
@@ -47,15 +47,8 @@ def report(*a):
         tail = ctypes.string_at(start + i * 3 * ps + 4, 8)
         if at(i * 3)[0] == i * 2 and at(i * 3 + 1)[0] == i and tail == b'F' * 8:
             ok += 1
-    me = os.readlink('/proc/self')
-    tmp = os.path.join(status_dir, '.tmp-' + me)
-    with open(tmp, 'w') as f:
-        json.dump({"ok": ok, "pid": int(me)}, f)
-    os.rename(tmp, os.path.join(status_dir, 'status-' + me))
-signal.signal(signal.SIGUSR1, report)
-report()
-while True:
-    time.sleep(0.05)
+    write_status({"ok": ok})
+serve(report)
 `
 
 // A process with 20,480 mappings with dumped pages (maps06) gets one memory file, the
@@ -65,18 +58,7 @@ func TestManyMappingsOneFile(t *testing.T) {
 	requirePriv(t)
 	const n = 10240
 	l := newLab(t)
-	script := filepath.Join(l.base, "maps.py")
-	if err := os.WriteFile(script, []byte(manyMaps), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("unshare", "--pid", "--fork", "setsid", "python3", script, l.status, filepath.Join(l.base, "maps.file"), strconv.Itoa(n))
-	cmd.Dir = l.base
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	pid := childOf(t, cmd.Process.Pid)
-	l.track(pid)
+	pid := l.run("maps.py", manyMaps, filepath.Join(l.base, "maps.file"), strconv.Itoa(n))
 	okOf := func(pid int) int { return statusAs[struct{ OK int }](l, pid).OK }
 	if got := okOf(pid); got != n {
 		t.Fatalf("the workload checks %d of %d pages before any dump", got, n)
