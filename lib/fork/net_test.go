@@ -1,7 +1,6 @@
 package fork_test
 
 import (
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -50,13 +49,13 @@ func TestForkServerWithItsOwnNetwork(t *testing.T) {
 	}
 	forks := doFork(t, rt, src, 2)
 	forks = append(forks, doFork(t, rt, testutil.MustGet(t, rt, src.ID), 1)...)
-	seen := map[string]string{nsOf(t, os.Getpid()): "the host"}
+	seen := map[string]string{netnsOf(t, os.Getpid()): "the host"}
 	for _, f := range append(forks, testutil.MustGet(t, rt, src.ID)) {
 		f := f
-		if other, ok := seen[nsOf(t, f.Pid)]; ok {
+		if other, ok := seen[netnsOf(t, f.Pid)]; ok {
 			t.Errorf("%s is in %s's network namespace", f.ID, other)
 		}
-		seen[nsOf(t, f.Pid)] = f.ID
+		seen[netnsOf(t, f.Pid)] = f.ID
 		n := len(lines(f))
 		testutil.Eventually(t, 10*time.Second, f.ID+"'s pair to go on talking", func() bool { return len(lines(f)) > n+5 })
 		l := lines(f)
@@ -76,15 +75,6 @@ func TestForkServerWithItsOwnNetwork(t *testing.T) {
 	if m, _ := filepath.Glob(filepath.Join(s.CheckpointDir, "netns-*.img")); len(m) > 0 {
 		t.Errorf("the checkpoint holds the container's network namespace: %v", m)
 	}
-}
-
-func nsOf(t *testing.T, pid int) string {
-	t.Helper()
-	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ns
 }
 
 // --net host keeps the host's network (what containers had before).
