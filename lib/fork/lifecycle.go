@@ -310,6 +310,7 @@ func forkSwapped(ctx context.Context, rt *container.Runtime, c *store.Container,
 		endRm()
 		collect(ctx, rt)
 	}()
+	defer sweepZeroPages(ctx, m)() // beside the forks' restore, after the pause
 	if o.N == 0 {
 		return nil, m, nil
 	}

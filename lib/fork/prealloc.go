@@ -1,15 +1,18 @@
 package fork
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/memfile"
 	"github.com/lazyfork/lazyfork/lib/snapshot"
 	"github.com/lazyfork/lazyfork/lib/stage"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // preallocate allocates, while the source still runs, the memory-file pages that the
@@ -74,4 +77,31 @@ func preallocTimed(cg *cgroup.Cgroup, s *stage.Snapshot) (int64, time.Duration) 
 	t := time.Now()
 	n := preallocate(cg, s)
 	return n, time.Since(t)
+}
+
+// sweepZeroPages frees, in the background, the all-zero pages of the memory files m's
+// rewrite made from placed pages (stage.DumpStats.PagesPlaced: the page server wrote
+// every dumped page, zeros too; a rewrite from pages images leaves them as holes). Once
+// the source runs again: punching a zero page does not change what anything mapping the
+// file reads. The returned function waits for it.
+func sweepZeroPages(ctx context.Context, m *stage.Snapshot) func() {
+	if !m.Dump.PagesPlaced {
+		return func() {}
+	}
+	refs, err := memfile.ReferencedFiles(m.CheckpointDir)
+	if err != nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		end := trace.Step(ctx, "free the memory files' zero pages")
+		defer end()
+		for _, name := range refs {
+			if strings.HasPrefix(name, m.ID+"-") {
+				_, _ = memfile.PunchZeroPages(ctx, filepath.Join(m.FamilyDir, name))
+			}
+		}
+	}()
+	return func() { <-done }
 }

@@ -53,6 +53,7 @@ func Prepare(ctx context.Context, rt *container.Runtime, c *store.Container, o P
 			return nil, err
 		}
 		m.SwapMs = stage.Ms(time.Since(t))
+		defer sweepZeroPages(ctx, m)()
 	}
 	m.Owner = 0
 	if err := Save(m); err != nil {

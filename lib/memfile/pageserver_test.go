@@ -2,6 +2,7 @@ package memfile
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/pagemap"
+	"golang.org/x/sys/unix"
 )
 
 // psClient speaks CRIU's side of the page-server protocol (criu/page-xfer.c).
@@ -164,3 +166,42 @@ func TestPageServerRefuses(t *testing.T) {
 }
 
 func itoa(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
+
+// Zero pages leave a file as holes; its content stays.
+func TestPunchZeroPages(t *testing.T) {
+	path := filepath.Join(shmDir(t), "f.mem")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(AnonFileSize); err != nil {
+		t.Fatal(err)
+	}
+	at := int64(base)
+	for i, p := range [][]byte{page('a'), page(0), page(0), page('b'), page(0)} {
+		if _, err := f.WriteAt(p, at+int64(i)*pageSize); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.WriteAt(page(0), at+1000*pageSize); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	freed, err := PunchZeroPages(context.Background(), path)
+	if err != nil || freed != 4*pageSize {
+		t.Fatalf("freed %d bytes, %v; want 4 pages", freed, err)
+	}
+	for i, want := range [][]byte{page('a'), page(0), page(0), page('b'), page(0)} {
+		p := base/ps + uint64(i)
+		if !bytes.Equal(readPage(t, path, p), want) {
+			t.Errorf("page %d changed", i)
+		}
+		if hole := isHole(t, path, p); hole != (want[0] == 0) {
+			t.Errorf("page %d: hole %v", i, hole)
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil || st.Blocks*512 != 2*pageSize {
+		t.Errorf("%d bytes allocated, want 2 pages", st.Blocks*512)
+	}
+}
