@@ -302,10 +302,15 @@ func TestBridgeBadSettings(t *testing.T) {
 // echoServer echoes what it reads, on every address of the container.
 var echoServer = testutil.TCPServer("0.0.0.0", 9000, "")
 
-// echoClient keeps one connection to the echo server at argv[1] and reports each round
-// trip, or how the connection ended.
+// echoClient keeps one connection to the echo server at argv[1] (retried until the server
+// listens) and reports each round trip, or how the connection ended.
 const echoClient = `import socket, sys, time, itertools
-s = socket.create_connection((sys.argv[1], 9000))
+while True:
+    try:
+        s = socket.create_connection((sys.argv[1], 9000))
+        break
+    except OSError:
+        time.sleep(0.1)
 for i in itertools.count():
     try:
         s.sendall(b"%d" % i)
@@ -329,20 +334,15 @@ func TestBridgeOutsideConnectionClosedInFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	dbAddr := addrOf(t, db)
-	var app *store.Container
+	// One client, started once: it retries until the server listens (deleting and
+	// recreating it every 0.5 s never let it connect in a slow guest).
+	app, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "app", Net: container.NetBridge, Command: []string{"python3", "-c", echoClient, dbAddr}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	testutil.Eventually(t, 15*time.Second, "the client to connect", func() bool {
-		if app != nil {
-			if l := lines(app); strings.HasPrefix(l[len(l)-1], "ok") {
-				return true
-			}
-			_ = rt.Delete(app) // the server was not listening yet
-		}
-		app, err = rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "app", Net: container.NetBridge, Command: []string{"python3", "-c", echoClient, dbAddr}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(500 * time.Millisecond)
-		return false
+		l := lines(app)
+		return strings.HasPrefix(l[len(l)-1], "ok")
 	})
 	f := doFork(t, rt, app, 1)[0]
 	app = testutil.MustGet(t, rt, app.ID)
