@@ -27,6 +27,8 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--heap", type=int, default=256, help="MiB")
     ap.add_argument("--out", default="/tmp/lazyfork-bench-only")
+    ap.add_argument("--daemon", action="store_true",
+                    help="fork through a `lazyfork daemon run` of the build (as the bench's repeat rows do)")
     a = ap.parse_args()
     builds = []
     for b in a.bin:
@@ -36,10 +38,11 @@ def main():
         builds.append((name, Path(d).resolve()))
     if os.geteuid() != 0:
         sys.exit("first_pause: must run as root")
-    os.environ["LAZYFORK_LOCAL"] = "1"  # the build under test runs the fork, not a daemon
+    os.environ["LAZYFORK_LOCAL"] = "1"  # the build under test runs the fork (or its own daemon)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     b = Bench(SMOKE, out, False)
+    b.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)  # the daemon's log; cleanup removes it
     rows = []
     try:
         for r in range(a.runs):
@@ -47,10 +50,16 @@ def main():
             for name, d in order:
                 bench.BIN = d
                 src = b.create_source(a.heap, b.name("fp", name, r, "src"))
+                env = b.start_daemon() if a.daemon else None
                 time.sleep(0.5)
                 t0 = time.time()
-                f = b.jsonl(b.lf("fork", src["id"], "--name", b.name("fp", name, r, "f"), "--json", timeout=600).stdout)[0]
-                t1 = time.time()
+                try:
+                    f = b.jsonl(b.lf("fork", src["id"], "--name", b.name("fp", name, r, "f"), "--json",
+                                     timeout=600, env=env).stdout)[0]
+                finally:
+                    t1 = time.time()
+                    for e in b.stop_daemon():
+                        log(f"warning: {e}")
                 gaps = b.source_pauses(src["id"])
                 pause = max([g for e, g in gaps if t0 <= e <= t1 + 0.05] or [None], key=lambda x: x or 0)
                 tim = b.stats(f["id"]).get("timings_ms") or {}
