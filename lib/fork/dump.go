@@ -208,12 +208,10 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 			if err := Save(s); err != nil {
 				return nil, fmt.Errorf("dump %s: %w", name, err)
 			}
-			if err := cg.Freeze(); err != nil {
-				return nil, fmt.Errorf("dump %s: %w", name, err)
-			}
 		}
-		// Frozen before CRIU starts, the group stays frozen after it (CRIU restores the
-		// freezer state it found): the source is paused until Swap ends or undoes it.
+		// Frozen once CRIU has started, just before its dump request (BeforeDump), the
+		// group stays frozen after it (CRIU restores the freezer state it found): the
+		// source is paused until Swap ends or undoes it.
 	}
 	moved := false
 	defer func() {
@@ -226,9 +224,10 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	}()
 	// A source's first swap: CRIU sends the pages to a page server that writes them into
 	// the memory files (allocated above) at once, instead of into pages images that the
-	// rewrite would copy again while the source is frozen. One process only (frozen: no
-	// other comes): the rewrite finds the pages a process shares copy-on-write with its
-	// parent (a pre-forking server's workers) by comparing pages images.
+	// rewrite would copy again while the source is frozen. One process only: the rewrite
+	// finds the pages a process shares copy-on-write with its parent (a pre-forking
+	// server's workers) by comparing pages images (one forked before the freeze is
+	// restored right, its shared pages stored twice).
 	var ps *memfile.PageServer
 	var psConn *os.File
 	if swap && c.Family == "" && singleProcess(cg) && snapshot.MakeFamilyDir(s.FamilyDir) == nil {
@@ -255,7 +254,15 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		netns = fmt.Sprintf("/proc/%d/ns/net", c.Pid) // c.Pid is the group's (checked above)
 	}
 	res, err := criu.Dump(ctx, criu.DumpOptions{
-		PageServer:     psConn,
+		PageServer: psConn,
+		BeforeDump: func() error {
+			if !swap {
+				return nil
+			}
+			endFreeze := trace.Step(ctx, "freeze the source")
+			defer endFreeze()
+			return cg.Freeze()
+		},
 		NetNS:          netns,
 		Pid:            c.Pid,
 		CheckpointDir:  s.CheckpointDir,
