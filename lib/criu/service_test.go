@@ -67,6 +67,13 @@ func TestServiceRestoresContainer(t *testing.T) {
 	if !s.kdat {
 		t.Error("service started without a probe cache")
 	}
+	// criu < 4.2 probes (or loads the cache) before it opens a request's log, so only
+	// 4.2 and later say in the restore log where the cache came from.
+	major, minor, _, err := Version(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logsKdat := major > 4 || major == 4 && minor >= 2
 	_, img, root2, dumped := dumpContained(t, kdat)
 	snapshot, err := os.ReadFile(filepath.Join(root2, "cnt.log"))
 	if err != nil {
@@ -89,7 +96,7 @@ func TestServiceRestoresContainer(t *testing.T) {
 			t.Errorf("restore %d: root %d has parent %d, want us (%d)", i, r.Pid, p, os.Getpid())
 		}
 		b, _ := os.ReadFile(r.LogPath)
-		if !strings.Contains(string(b), "Loaded kdat cache from "+s.dir) {
+		if logsKdat && !strings.Contains(string(b), "Loaded kdat cache from "+s.dir) {
 			t.Errorf("restore %d did not load the service's probe cache", i)
 		}
 		assertNoBreakpoints(t, r.LogPath)
