@@ -205,6 +205,10 @@ func (r *rewriter) compareWithParent(t, parent *task, i int) (shareCand, bool, e
 		c.delta, c.shared, err = compareRuns(own, runs, mine, theirs, i, nil)
 	} else {
 		// Where only one side has a dumped page, the other reads the file's bytes.
+		if r.noRoot {
+			v.why += fmt.Sprintf(" (not compared with process %d's copy: no container root given)", owner.pid)
+			return shareCand{}, false, nil
+		}
 		fd, _, oerr := r.openLibrary(v)
 		if oerr != nil {
 			if r.inspect {

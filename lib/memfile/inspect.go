@@ -79,14 +79,17 @@ func Inspect(opts Options) (*Report, error) {
 		opts.MountPath = DefaultMountPath
 	}
 	opts.MountPath = filepath.Clean(opts.MountPath)
-	if opts.RootFS == "" {
+	// Without the container's root, the files its mappings name are not read (the host's
+	// files of the same names are not theirs).
+	noRoot := opts.RootFS == ""
+	if noRoot {
 		opts.RootFS = "/"
 	}
 	set, err := loadSet(opts.CheckpointDir)
 	if err != nil {
 		return nil, err
 	}
-	r := &rewriter{opts: opts, set: set, res: &Result{}, inspect: true}
+	r := &rewriter{opts: opts, set: set, res: &Result{}, inspect: true, noRoot: noRoot}
 	defer r.release()
 	if err := r.plan(); err != nil {
 		return nil, fmt.Errorf("inspect %s: %w", opts.CheckpointDir, err)

@@ -30,6 +30,7 @@ type rewriter struct {
 	renames [][2]string      // temp image -> final image
 	maps    map[*task][]byte // pages images mapped read-only (pagesOf)
 	inspect bool             // a plan that writes nothing (Inspect)
+	noRoot  bool             // Inspect was given no RootFS: mapped files are not read
 }
 
 // memFile is one memory file to create and the data that goes into it.
