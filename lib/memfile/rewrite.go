@@ -630,7 +630,8 @@ func (r *rewriter) openLibrary(v *vmaInfo) (int, int64, error) {
 }
 
 // readLibraryPage reads the page of v's original file that v maps at addr into buf (one
-// page; zeros past the end of the file).
+// page; zeros past the end of the file). v.e holds the dump's offset until pointAt, the
+// last step of a task's images, moves it.
 func readLibraryPage(fd int, v *vmaInfo, addr uint64, buf []byte) error {
 	off := int64(v.e.GetPgoff()) + int64(addr-v.e.GetStart())
 	n, err := preadFull(fd, buf, off)
