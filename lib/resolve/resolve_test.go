@@ -2,6 +2,7 @@ package resolve
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/lazyfork/lazyfork/lib/exitcode"
@@ -30,5 +31,17 @@ func TestFind(t *testing.T) {
 	if found || !errors.Is(err, ErrAmbiguous) || exitcode.Of(err) != exitcode.Usage ||
 		err.Error() != `ambiguous thing reference "ab0" matches ab01, ab02: give more of the id` {
 		t.Errorf("Find(ab0) = %v, %v", found, err)
+	}
+}
+
+// NewID draws ids of the asked shape until one is free.
+func TestNewID(t *testing.T) {
+	seen := 0
+	id := NewID("t", func(id string) bool { seen++; return seen < 3 })
+	if seen != 3 || len(id) != 13 || id[0] != 't' || strings.Trim(id[1:], "0123456789abcdef") != "" {
+		t.Errorf("NewID = %q after %d draws", id, seen)
+	}
+	if id := NewID("", nil); len(id) != 12 {
+		t.Errorf("NewID(\"\", nil) = %q", id)
 	}
 }

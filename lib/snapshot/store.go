@@ -5,8 +5,6 @@
 package snapshot
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -17,15 +15,12 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/paths"
+	"github.com/lazyfork/lazyfork/lib/resolve"
 	"github.com/lazyfork/lazyfork/lib/stage"
 )
 
 // NewID returns a fresh snapshot id: s and 12 hex digits.
-func NewID() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return "s" + hex.EncodeToString(b[:])
-}
+func NewID() string { return resolve.NewID("s", nil) }
 
 // Save writes snapshot.json into the snapshot directory (atomically). A snapshot whose
 // paths are not LazyFork's (stage.CheckSnapshot) is refused before anything is written.

@@ -4,8 +4,6 @@
 package store
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -153,14 +151,10 @@ var idRe = regexp.MustCompile(`^[0-9a-f]{12}$`)
 
 // NewID returns a fresh 12-hex-digit id not used in the store.
 func (s *Store) NewID() string {
-	for {
-		var b [6]byte
-		_, _ = rand.Read(b[:])
-		id := hex.EncodeToString(b[:])
-		if _, err := os.Stat(s.Path(id)); errors.Is(err, os.ErrNotExist) {
-			return id
-		}
-	}
+	return resolve.NewID("", func(id string) bool {
+		_, err := os.Stat(s.Path(id))
+		return !errors.Is(err, os.ErrNotExist)
+	})
 }
 
 // nameRe is compiled on first use (its bounded repetition cost every start of every

@@ -6,8 +6,6 @@
 package treedoc
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -232,14 +230,10 @@ var IDRe = regexp.MustCompile(`^t[0-9a-f]{12}$`)
 
 // NewID is a fresh tree id no tree uses.
 func NewID() string {
-	for {
-		var b [6]byte
-		_, _ = rand.Read(b[:])
-		id := "t" + hex.EncodeToString(b[:])
-		if _, err := os.Stat(TreeDir(id)); errors.Is(err, os.ErrNotExist) {
-			return id
-		}
-	}
+	return resolve.NewID("t", func(id string) bool {
+		_, err := os.Stat(TreeDir(id))
+		return !errors.Is(err, os.ErrNotExist)
+	})
 }
 
 // ReadID reads tree.json of tree id (no lock) and checks it.
