@@ -104,7 +104,12 @@ type DumpOptions struct {
 	// tree's mount namespace -> key (e.g. "/.lazyfork/mem" -> "lfmem").
 	ExternalMounts map[string]string
 	CgroupMode     CgroupMode
-	NetworkLock    NetworkLock
+	// CgroupYard is where every controller is mounted as <yard>/<ctrl>, for criu to read
+	// the tree's cgroups there (see RestoreOptions.CgroupYard; "" picks the same default).
+	// Without one criu mounts each hierarchy anew for the dump while the tree is frozen:
+	// ~1 ms each, 12 ms of a repeat fork's pause on a hybrid host.
+	CgroupYard  string
+	NetworkLock NetworkLock
 	// File locks are dumped unless this is set: SQLite, apt, pip and databases hold them,
 	// and without it CRIU refuses any tree that holds one.
 	SkipFileLocks bool
@@ -234,6 +239,9 @@ func (o *DumpOptions) criuOpts(checkpointFd, workFd int) (*rpc.CriuOpts, error) 
 	}
 	if o.EmptyNetNS {
 		opts.EmptyNs = proto.Uint32(unix.CLONE_NEWNET)
+	}
+	if yard := orDefault(o.CgroupYard, defaultCgroupYard()); yard != "" {
+		opts.CgroupYard = proto.String(yard)
 	}
 	if o.FreezeCgroup != "" {
 		opts.FreezeCgroup = proto.String(o.FreezeCgroup)
