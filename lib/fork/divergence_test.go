@@ -20,7 +20,7 @@ import (
 // a new 1 MiB allocation, overwrites /srv/state, appends to /srv/log, creates /srv/f-k
 // and removes /srv/f-(k-2) (a whiteout in the upper).
 const stepper = `
-import os, hashlib, time
+import os, hashlib
 heap = bytearray(os.urandom(32 << 20))
 extra = []
 def digest():
@@ -28,16 +28,7 @@ def digest():
     for e in extra:
         h.update(e)
     return h.hexdigest()
-os.makedirs("/srv", exist_ok=True)
-open("/srv/state", "w").write("0")
-print("ready", flush=True)
-while True:
-    try:
-        cmd = open("/tmp/cmd").read().split()
-        os.remove("/tmp/cmd")
-    except FileNotFoundError:
-        time.sleep(0.02)
-        continue
+def handle(cmd):
     if cmd[0] == "step":
         k = int(cmd[1])
         heap[0:8] = k.to_bytes(8, "little")
@@ -51,7 +42,24 @@ while True:
         open("/srv/f-%d" % k, "w").write(str(k))
         if os.path.exists("/srv/f-%d" % (k - 2)):
             os.remove("/srv/f-%d" % (k - 2))
-    out = "%s %s" % (cmd[-1], digest())
+    return digest()
+os.makedirs("/srv", exist_ok=True)
+open("/srv/state", "w").write("0")
+print("ready", flush=True)
+` + answerLoop
+
+// answerLoop ends a workload that defines handle(cmd): it answers each command that ask
+// writes to /tmp/cmd with "TOKEN handle(cmd)" in /tmp/out, and otherwise does nothing.
+const answerLoop = `
+import os, time
+while True:
+    try:
+        cmd = open("/tmp/cmd").read().split()
+        os.remove("/tmp/cmd")
+    except FileNotFoundError:
+        time.sleep(0.02)
+        continue
+    out = "%s %s" % (cmd[-1], handle(cmd))
     open("/tmp/out.tmp", "w").write(out)
     os.rename("/tmp/out.tmp", "/tmp/out")
 `

@@ -120,23 +120,16 @@ func TestForkContinuesCount(t *testing.T) {
 func TestHeapForksShareMemoryAndIsolateWrites(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	prog := `
-import os, time, hashlib
+import os, hashlib
 heap = bytearray(os.urandom(1 << 20)) * 256
 open("/tmp/state", "w").write("parent")
-print("ready", flush=True)
-while True:
-    try:
-        cmd = open("/tmp/cmd").read().split()
-        os.remove("/tmp/cmd")
-    except FileNotFoundError:
-        time.sleep(0.05)
-        continue
+def handle(cmd):
     if cmd[0] == "write":
         heap[12345] = (heap[12345] + 1) % 256
         heap[200 << 20] = 7
-    open("/tmp/out.tmp", "w").write("%s %s" % (cmd[-1], hashlib.sha1(heap).hexdigest()))
-    os.rename("/tmp/out.tmp", "/tmp/out")
-`
+    return hashlib.sha1(heap).hexdigest()
+print("ready", flush=True)
+` + answerLoop
 	src := create(t, rt, "big", "python3", "-c", prog)
 	testutil.Eventually(t, 60*time.Second, "heap to fill", func() bool { return len(logLines(src)) > 0 })
 	// The heap is hashed on request only: 21 processes hashing 256 MiB in a loop starved a
