@@ -116,7 +116,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	}
 	t := rpc.CriuReqType_DUMP
 	callBegin := time.Now()
-	res, err := swrk(ctx, o.Binary, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, nil, o.Notify, o.Hold, o.PageServer, o.BeforeDump, o.NetNS)
+	res, err := swrk(ctx, o.Binary, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, nil, o.Notify, o.Hold, o.PageServer, o.NetNS)
 	logPath := filepath.Join(workDir, opts.GetLogFile())
 	if err != nil || !res.resp.GetSuccess() {
 		if o.FreezeCgroup != "" && ctx.Err() != nil {
@@ -204,7 +204,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		o.Service.forget(o.Root)
 		endForget()
 	} else {
-		res, err = swrk(ctx, o.Binary, req, kdat, o.JoinCgroup, o.Notify, o.Hold, nil, nil, o.NetNS)
+		res, err = swrk(ctx, o.Binary, req, kdat, o.JoinCgroup, o.Notify, o.Hold, nil, o.NetNS)
 	}
 	if err != nil && stalled() {
 		err = fmt.Errorf("criu reported an error and did not exit within %v: %w", ErrorGrace, err)
@@ -243,7 +243,7 @@ func Version(ctx context.Context, binary string) (major, minor, patch int, err e
 	ctx, cancel := withDeadline(ctx, 0)
 	defer cancel()
 	t := rpc.CriuReqType_VERSION
-	res, err := swrk(ctx, binary, &rpc.CriuReq{Type: &t}, "", nil, nil, nil, nil, nil)
+	res, err := swrk(ctx, binary, &rpc.CriuReq{Type: &t}, "", nil, nil, nil, nil)
 	if err != nil || !res.resp.GetSuccess() {
 		return 0, 0, 0, callError("version", res, "", err)
 	}

@@ -218,7 +218,7 @@ func primeKdat(ctx context.Context, kdatDir, bin string) (string, error) {
 	req := &rpc.CriuReq{Type: &t, Features: &rpc.CriuFeatures{MemTrack: proto.Bool(false)}}
 	ctx, cancel := withDeadline(ctx, time.Minute)
 	defer cancel()
-	if _, err := swrk(ctx, bin, req, kdatDir, nil, nil, nil, nil, nil); err != nil {
+	if _, err := swrk(ctx, bin, req, kdatDir, nil, nil, nil, nil); err != nil {
 		return "", fmt.Errorf("probe the kernel: %w", err)
 	}
 	if _, err := os.Stat(cache); err != nil {

@@ -140,10 +140,6 @@ type DumpOptions struct {
 	// page-server protocol (memfile.PageServer) instead of writing pagemap and pages
 	// images (swrk's ps.fd).
 	PageServer *os.File
-	// BeforeDump runs once criu has started, just before the dump request (an error
-	// ends criu): work that should come as late as possible, such as freezing the tree,
-	// does not wait for criu's start.
-	BeforeDump func() error
 }
 
 // RestoreOptions describe one restore.

@@ -59,7 +59,7 @@ type result struct {
 // response. It returns an error when criu could not be run, failed (resp.success false), did
 // not answer, or the deadline passed; criu is SIGKILLed on deadline or cancel and always
 // reaped before swrk returns.
-func swrk(ctx context.Context, binary string, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc, hold, pageServer *os.File, ready func() error, netns ...string) (res result, retErr error) {
+func swrk(ctx context.Context, binary string, req *rpc.CriuReq, kdatDir string, joinProcs []string, notify NotifyFunc, hold, pageServer *os.File, netns ...string) (res result, retErr error) {
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
@@ -187,13 +187,6 @@ func swrk(ctx context.Context, binary string, req *rpc.CriuReq, kdatDir string, 
 		}
 	}()
 
-	if ready != nil {
-		// criu runs and waits for the request: what should happen as late as possible
-		// (freezing the tree to dump) no longer waits for criu's start.
-		if err := ready(); err != nil {
-			return res, err
-		}
-	}
 	res.resp, res.rootPid, err = converse(ctx, conn, req, notify)
 	if ctxErr := ctx.Err(); ctxErr != nil && !(err == nil && res.resp.GetSuccess()) {
 		// Whatever converse saw (EOF, i/o timeout) is a consequence of the kill.

@@ -209,9 +209,9 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 				return nil, fmt.Errorf("dump %s: %w", name, err)
 			}
 		}
-		// Frozen once CRIU has started, just before its dump request (BeforeDump), the
-		// group stays frozen after it (CRIU restores the freezer state it found): the
-		// source is paused until Swap ends or undoes it.
+		// Frozen at CRIU's pre-dump notification, just before CRIU freezes it itself, the
+		// group stays frozen after the dump (CRIU restores the freezer state it found):
+		// the source is paused until Swap ends or undoes it.
 	}
 	moved := false
 	defer func() {
@@ -254,15 +254,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		netns = fmt.Sprintf("/proc/%d/ns/net", c.Pid) // c.Pid is the group's (checked above)
 	}
 	res, err := criu.Dump(ctx, criu.DumpOptions{
-		PageServer: psConn,
-		BeforeDump: func() error {
-			if !swap {
-				return nil
-			}
-			endFreeze := trace.Step(ctx, "freeze the source")
-			defer endFreeze()
-			return cg.Freeze()
-		},
+		PageServer:     psConn,
 		NetNS:          netns,
 		Pid:            c.Pid,
 		CheckpointDir:  s.CheckpointDir,
@@ -284,6 +276,12 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		// GC must not give the source back before (criu would freeze it again).
 		Hold: hold,
 		Notify: func(script string, _ int) error {
+			if script == "pre-dump" && swap {
+				// As late as can be: criu has set itself up and freezes the tree next.
+				endFreeze := trace.Step(ctx, "freeze the source")
+				defer endFreeze()
+				return cg.Freeze()
+			}
 			if script != "post-dump" {
 				return nil
 			}
