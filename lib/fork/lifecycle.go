@@ -109,7 +109,8 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 		collect(ctx, rt)
 	}()
 	endMemfile := trace.Step(ctx, "memfile: move the memory into the family's files")
-	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages, KSM: o.KSM})
+	// The snapshot is removed once the forks run: nobody reads its shared-page count.
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages, KSM: o.KSM, SkipSharedCount: !o.Share})
 	endMemfile()
 	if o.Share {
 		// The source is gone since the dump: bring it back first, from the memory files

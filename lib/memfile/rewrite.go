@@ -118,6 +118,12 @@ func (r *rewriter) classify(t *task, v *vmaInfo, multi bool) error {
 		v.reg = fe
 		if base, ok := r.familyBase(fe.GetReg().GetName()); ok {
 			v.family = base
+			if r.opts.SkipSharedCount && (!r.opts.Rebase || v.missing) {
+				r.res.DeltaPages += v.present
+				v.act = actDelta
+				v.why = fmt.Sprintf("already maps family file %s; its own %d pages stay in the checkpoint as a delta", base, v.present)
+				return nil
+			}
 			shared, famSize, err := r.scanFamily(base, int64(e.GetPgoff()), length)
 			if err != nil {
 				return err

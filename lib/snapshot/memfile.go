@@ -31,6 +31,8 @@ type MemfileOptions struct {
 	HugePages bool
 	// KSM: see memfile.Options.KSM (a ksm tree's forks).
 	KSM bool
+	// SkipSharedCount: see memfile.Options.SkipSharedCount (a fork's transient snapshot).
+	SkipSharedCount bool
 }
 
 // Memfile moves a dumped snapshot's memory into its family's memory files on tmpfs.
@@ -101,6 +103,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 		AllowAllocators:    o.Force,
 		HugePages:          o.HugePages,
 		KSM:                o.KSM,
+		SkipSharedCount:    o.SkipSharedCount,
 	})
 	endRewrite()
 	if err != nil {
