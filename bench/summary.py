@@ -178,8 +178,11 @@ def render(b):
         section("Huge pages for the memory files (`lf-memfile --huge-pages`, `lazyfork fork --huge-pages`)",
                 "A fork maps the heap's memory file MAP_PRIVATE; every 2 MiB stretch it reads through 4 KiB pages costs "
                 "it a 4 KiB page table. With `--huge-pages` the rewrite puts each dense 2 MiB stretch (>= 3/4 data) of "
-                "anonymous memory in one huge page (MADV_COLLAPSE), which forks map with no page table. It is not the "
-                "default because collapsing slows the rewrite (see memfile ms and the snapshot table).")
+                "anonymous memory in one huge page (MADV_COLLAPSE), which forks map with no page table. A running "
+                "container's first `lazyfork fork` (the swap, its default) gets this without the flag: its dense stretches "
+                "are allocated as huge pages before the freeze (the dump's prealloc_huge_pages) and the dump is written "
+                "into them, at no rewrite cost. For a copy (`lf-memfile`, `--copy`, these rows) it is not the default "
+                "because collapsing slows the rewrite (see memfile ms and the snapshot table).")
         def default_memfile_ms(r):
             return next((s for s in b.snaps if s["heap_mb"] == r["heap_mb"] and s["kind"] == "memfiled"), {}).get("memfile_ms")
         rs = beside_default(

@@ -22,7 +22,7 @@ type forkCmd struct {
 	Force     bool     `help:"Fork even if the workload uses an allocator that relies on MADV_DONTNEED zero-fill."`
 	Share     bool     `help:"Move the source onto the snapshot by ending and restoring it (the behaviour before the swap; if its restore fails it stays stopped)."`
 	Copy      bool     `help:"Leave the source on its own memory and copy its files for the forks (by default the first fork moves the source onto the snapshot: later forks then dump only what it changed)."`
-	HugePages bool     `help:"Put the heap in huge pages: each working fork costs ~0.4 MB less (256 MiB heap), the snapshot takes longer."`
+	HugePages bool     `help:"Put the heap in huge pages: each working fork costs ~0.4 MB less (256 MiB heap), the snapshot takes longer. A running container's first fork does it for the heap anyway, before the freeze."`
 	hookFlags
 	JSON bool `help:"Print one JSON line per fork."`
 }

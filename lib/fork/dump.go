@@ -165,10 +165,11 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	// A source's first swap (it runs on its own memory): its memory files' pages are
 	// allocated now, while it runs, so that the rewrite it is frozen for writes into them.
 	var preBytes int64
+	var preHuge int
 	var preTime time.Duration
 	if swap && c.Family == "" {
 		endPre := trace.Step(ctx, "preallocate the memory files' pages")
-		preBytes, preTime = preallocTimed(cg, s)
+		preBytes, preHuge, preTime = preallocTimed(cg, s)
 		endPre()
 		defer func() {
 			if retErr != nil {
@@ -322,7 +323,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	s.Dump = stage.DumpStats{
 		WallMs: stage.Ms(res.Wall), FrozenMs: stage.Ms(res.Frozen), LayerMs: stage.Ms(layerTime),
 		PagesWritten: res.PagesWritten, PagesScanned: res.PagesScanned, CheckpointBytes: dirBytes(s.CheckpointDir),
-		PreallocMs: stage.Ms(preTime), PreallocBytes: preBytes, PagesPlaced: psConn != nil,
+		PreallocMs: stage.Ms(preTime), PreallocBytes: preBytes, PreallocHugePages: preHuge, PagesPlaced: psConn != nil,
 	}
 	defer trace.Step(ctx, "save the snapshot record")()
 	if err := Save(s); err != nil {

@@ -22,21 +22,22 @@ import (
 // group is charged for: a forged or sprawling address space (huge mappings, the zero page
 // mapped everywhere) cannot make the host allocate more than the container already holds.
 // Best effort: whatever fails, the rewrite writes into fresh pages as without it. It
-// returns the bytes allocated.
-func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot) int64 {
+// returns the bytes allocated and the huge pages among them.
+func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot) (int64, int) {
 	st, err := cg.Stats()
 	if err != nil || st.Rss == 0 {
-		return 0
+		return 0, 0
 	}
 	budget := int64(st.Rss) / int64(os.Getpagesize())
 	pids, err := cg.Procs()
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	if err := snapshot.MakeFamilyDir(s.FamilyDir); err != nil {
-		return 0
+		return 0, 0
 	}
 	var total int64
+	var huge int
 	for _, pid := range pids {
 		if budget <= 0 {
 			break
@@ -49,15 +50,16 @@ func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot) int64 {
 		if err != nil || pages == 0 {
 			continue
 		}
-		n, err := memfile.Preallocate(filepath.Join(s.FamilyDir, memfile.PreallocName(s.ID, nspid)), runs)
+		n, h, err := memfile.Preallocate(filepath.Join(s.FamilyDir, memfile.PreallocName(s.ID, nspid)), runs)
 		total += n
+		huge += h
 		budget -= pages
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "lazyfork: dump %s: %v (the rewrite writes into fresh pages)\n", s.Source.Name, err)
 			break
 		}
 	}
-	return total
+	return total, huge
 }
 
 // dropPrealloc removes what preallocate made for s when no rewrite will take it (the dump
@@ -73,10 +75,10 @@ func dropPrealloc(s *stage.Snapshot) {
 }
 
 // preallocTimed runs preallocate and records it in s's dump statistics.
-func preallocTimed(cg *cgroup.Cgroup, s *stage.Snapshot) (int64, time.Duration) {
+func preallocTimed(cg *cgroup.Cgroup, s *stage.Snapshot) (int64, int, time.Duration) {
 	t := time.Now()
-	n := preallocate(cg, s)
-	return n, time.Since(t)
+	n, huge := preallocate(cg, s)
+	return n, huge, time.Since(t)
 }
 
 // sweepZeroPages frees, in the background, the all-zero pages of the memory files m's

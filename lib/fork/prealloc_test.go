@@ -1,7 +1,9 @@
 package fork_test
 
 import (
+	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -54,7 +56,11 @@ while True:
 	if b := s.Dump.PreallocBytes; b < 64<<20 || uint64(b) > st.Rss+(8<<20) {
 		t.Errorf("preallocated %d MB; want the 64 MB heap, and at most the group's anonymous memory (%d MB) and a little growth", b>>20, st.Rss>>20)
 	}
-	t.Logf("preallocated %d MB, group anonymous memory %d MB, family %d MB", s.Dump.PreallocBytes>>20, st.Rss>>20, fork.FamilyBytes(s.Family)>>20)
+	t.Logf("preallocated %d MB (%d huge pages), group anonymous memory %d MB, family %d MB", s.Dump.PreallocBytes>>20, s.Dump.PreallocHugePages, st.Rss>>20, fork.FamilyBytes(s.Family)>>20)
+	// The 64 MiB heap and the 8 MiB of zeros: 36 stretches, less the heap's ends.
+	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled"); err == nil && s.Dump.PreallocHugePages < 32 {
+		t.Errorf("%d huge pages preallocated, want the heap's dense 2 MiB stretches", s.Dump.PreallocHugePages)
+	}
 	if !s.Dump.PagesPlaced {
 		t.Error("the dump did not send its pages to the page server")
 	}
@@ -86,5 +92,32 @@ while True:
 		if d := execOut(t, rt, rec, "cat", "/tmp/digest"); d != digest {
 			t.Errorf("%s reads a heap with digest %s, want %s", c, d, digest)
 		}
+		// The heap's dense 2 MiB stretches were preallocated as huge pages: wherever the
+		// kernel has huge tmpfs pages, the source and the fork, both reading their heap
+		// every 0.2 s, map it without page tables.
+		if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled"); err == nil {
+			kb := rollupKB(t, rec.Pid, "ShmemPmdMapped:")
+			if kb < 48<<10 {
+				t.Errorf("%s maps %d kB of tmpfs files in huge pages, want most of its 64 MB heap", c, kb)
+			}
+			t.Logf("%s maps %d kB in huge pages", c, kb)
+		}
 	}
+}
+
+// rollupKB reads a field of /proc/pid/smaps_rollup, in kB.
+func rollupKB(t *testing.T, pid int, field string) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == field {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/smaps_rollup", field, pid)
+	return 0
 }

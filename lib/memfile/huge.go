@@ -1,6 +1,7 @@
 package memfile
 
 import (
+	"sort"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -74,6 +75,142 @@ func collapseDense(fd int, off, n int64) int {
 }
 
 const collapseWorkers = 8
+
+// denseStretches returns the 2 MiB-aligned stretches (their offsets, ascending) that the
+// sorted, disjoint ranges rs cover at least denseFraction of.
+func denseStretches(rs []PreallocRun) []int64 {
+	var out []int64
+	cur, covered := int64(-1), int64(0)
+	flush := func() {
+		if cur >= 0 && float64(covered) >= denseFraction*hugeAlign {
+			out = append(out, cur)
+		}
+	}
+	for _, r := range rs {
+		for at := int64(r.Start); at < int64(r.End); {
+			b := at / hugeAlign * hugeAlign
+			end := min(int64(r.End), b+hugeAlign)
+			if b != cur {
+				flush()
+				cur, covered = b, 0
+			}
+			covered += end - at
+			at = end
+		}
+	}
+	flush()
+	return out
+}
+
+// keepDense widens keep (sorted, disjoint) to the whole of each stretch it covers densely:
+// a punch inside such a stretch, a huge page where the kernel has them, would split it
+// and bring every fork's page tables back for at most a quarter of 2 MiB. What the
+// stretch holds outside keep reads as zeros either way (a huge page is made zeroed).
+func keepDense(keep []PreallocRun) []PreallocRun {
+	out := append([]PreallocRun(nil), keep...)
+	for _, b := range denseStretches(keep) {
+		out = append(out, PreallocRun{uint64(b), uint64(b + hugeAlign)})
+	}
+	return mergeRuns(out)
+}
+
+// mergeRuns sorts rs and merges the ranges that overlap or touch.
+func mergeRuns(rs []PreallocRun) []PreallocRun {
+	sort.Slice(rs, func(i, j int) bool { return rs[i].Start < rs[j].Start })
+	out := rs[:0]
+	for _, r := range rs {
+		if k := len(out); k > 0 && r.Start <= out[k-1].End {
+			out[k-1].End = max(out[k-1].End, r.End)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// makeHuge makes each of the empty 2 MiB stretches of fd at offs (2 MiB-aligned,
+// ascending) one zeroed huge page: one page allocated in each (MADV_COLLAPSE needs a page
+// to start from; it fills the holes with zeros), then collapsed. Allocating and zeroing a
+// huge page is faster than 512 small ones, and so is writing into it. It returns the
+// stretches that became huge pages; the page allocated in the others is freed again.
+func makeHuge(fd int, offs []int64) map[int64]bool {
+	// Runs of adjacent stretches, at most makeHugeBatch each: one madvise call per run
+	// (each call drains every CPU's LRU cache once, waiting for each CPU), and
+	// collapseWorkers calls at once (zeroing is most of the time, and one CPU's worth
+	// of it leaves the other for the source, which runs meanwhile).
+	var runs [][]int64
+	for i := 0; i < len(offs); {
+		j := i + 1
+		for j < len(offs) && j-i < makeHugeBatch && offs[j] == offs[j-1]+hugeAlign {
+			j++
+		}
+		var got []int64
+		for _, b := range offs[i:j] {
+			if unix.Fallocate(fd, unix.FALLOC_FL_KEEP_SIZE, b, pageSize) != nil {
+				break
+			}
+			got = append(got, b)
+		}
+		if len(got) > 0 {
+			runs = append(runs, got)
+		}
+		i = j
+	}
+	var mu sync.Mutex
+	huge := map[int64]bool{}
+	work := make(chan []int64)
+	var wg sync.WaitGroup
+	for w := 0; w < min(makeHugeWorkers, len(runs)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for run := range work {
+				ok := collapseRange(fd, run[0], int64(len(run))*hugeAlign)
+				var made []int64
+				for _, b := range run {
+					// The call stops at the first stretch that fails: the rest one by one.
+					if ok || collapseRange(fd, b, hugeAlign) {
+						made = append(made, b)
+					} else {
+						_ = punchHole(fd, b, pageSize)
+					}
+				}
+				mu.Lock()
+				for _, b := range made {
+					huge[b] = true
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, r := range runs {
+		work <- r
+	}
+	close(work)
+	wg.Wait()
+	return huge
+}
+
+const (
+	makeHugeBatch   = 16 // stretches per MADV_COLLAPSE call: 32 MiB
+	makeHugeWorkers = 2
+)
+
+// collapseRange collapses fd's [off, off+n) (2 MiB-aligned) into huge pages with one
+// MADV_COLLAPSE, and reports whether every stretch became one.
+func collapseRange(fd int, off, n int64) bool {
+	res, err := unix.MmapPtr(-1, 0, nil, uintptr(n+hugeAlign), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return false
+	}
+	defer unix.MunmapPtr(res, uintptr(n+hugeAlign))
+	aligned := unsafe.Add(res, -uintptr(res)&(hugeAlign-1))
+	addr, err := unix.MmapPtr(fd, off, aligned, uintptr(n), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_FIXED)
+	if err != nil {
+		return false
+	}
+	return unix.Madvise(unsafe.Slice((*byte)(addr), n), unix.MADV_COLLAPSE) == nil
+}
 
 // dense reports whether the 2 MiB stretch at off holds at least denseFraction data.
 func dense(fd int, off int64) bool {

@@ -65,6 +65,8 @@ type Options struct {
 	// HugePages makes the dense 2 MiB stretches of anonymous memory huge pages (see
 	// huge.go): forks then map them without page tables (~0.4 MB less per working fork of
 	// a 256 MiB heap), for a slower rewrite (collapsing costs 0.5-5 ms per stretch).
+	// Preallocated files (Prealloc, Placed) have their dense stretches in huge pages
+	// already, made before the dump (Preallocate).
 	HugePages bool
 	MountPath string // in-container path of FamilyDir; "" means DefaultMountPath
 	// RootFS is the host path of the dumped container's root, used to read the original

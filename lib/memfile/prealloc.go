@@ -166,38 +166,60 @@ func ParsePreallocName(prefix, name string) (uint32, bool) {
 }
 
 // Preallocate creates path (O_EXCL, a memory file's size and mode) and allocates the
-// pages of runs in it at offset = address. A full tmpfs ends it early without an error:
-// the pages not allocated are written into fresh pages by the rewrite, as without it. It
-// returns the bytes allocated.
-func Preallocate(path string, runs []PreallocRun) (int64, error) {
+// pages of runs in it at offset = address. Each 2 MiB stretch the runs cover densely
+// becomes one huge page (makeHuge) where the kernel can: the dump is written into it
+// faster than into small pages, and forks map it without page tables (huge.go); the
+// rest, and any stretch the kernel cannot make huge, is allocated in small pages. A full
+// tmpfs ends it early without an error: the pages not allocated are written into fresh
+// pages by the rewrite, as without it. It returns the bytes allocated and the huge pages
+// made.
+func Preallocate(path string, runs []PreallocRun) (int64, int, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o400)
 	if err != nil {
-		return 0, fmt.Errorf("preallocate memory file: %w", err)
+		return 0, 0, fmt.Errorf("preallocate memory file: %w", err)
 	}
 	defer f.Close()
 	if err := f.Truncate(AnonFileSize); err != nil {
-		return 0, fmt.Errorf("preallocate memory file %s: %w", filepath.Base(path), err)
+		return 0, 0, fmt.Errorf("preallocate memory file %s: %w", filepath.Base(path), err)
 	}
-	var n int64
+	var valid []PreallocRun
 	for _, r := range runs {
-		if r.End > uint64(AnonFileSize) || r.End <= r.Start {
-			continue
+		if r.End <= uint64(AnonFileSize) && r.End > r.Start {
+			valid = append(valid, r)
 		}
-		err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, int64(r.Start), int64(r.End-r.Start))
-		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EINTR) {
-			break
-		}
-		if err != nil {
-			return n, fmt.Errorf("preallocate memory file %s at %#x: %w", filepath.Base(path), r.Start, err)
-		}
-		n += int64(r.End - r.Start)
 	}
-	return n, nil
+	valid = mergeRuns(valid)
+	fd := int(f.Fd())
+	var n int64
+	huge := makeHuge(fd, denseStretches(valid))
+	n += int64(len(huge)) * hugeAlign
+	for _, r := range valid {
+		for at := r.Start; at < r.End; {
+			b := int64(at) / hugeAlign * hugeAlign
+			end := min(r.End, uint64(b+hugeAlign))
+			if huge[b] {
+				at = end
+				continue
+			}
+			err := unix.Fallocate(fd, unix.FALLOC_FL_KEEP_SIZE, int64(at), int64(end-at))
+			if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EINTR) {
+				return n, len(huge), nil
+			}
+			if err != nil {
+				return n, len(huge), fmt.Errorf("preallocate memory file %s at %#x: %w", filepath.Base(path), at, err)
+			}
+			n += int64(end - at)
+			at = end
+		}
+	}
+	return n, len(huge), nil
 }
 
 // punchOutside punches every page of fd outside keep (sorted, disjoint ranges of file
-// offsets) below AnonFileSize: what was preallocated but the checkpoint does not hold.
+// offsets) below AnonFileSize: what was preallocated but the checkpoint does not hold,
+// except inside the 2 MiB stretches keep covers densely (keepDense).
 func punchOutside(fd int, keep []PreallocRun) error {
+	keep = keepDense(keep)
 	at := uint64(0)
 	for _, k := range keep {
 		if k.Start > at {

@@ -11,7 +11,8 @@ import (
 
 // PunchZeroPages punches every all-zero page out of the memory file at path and returns
 // the bytes freed: what a rewrite from pages images leaves as holes, and one into placed
-// pages (Options.Placed) cannot see without reading them. A hole reads as zeros, so the
+// pages (Options.Placed) cannot see without reading them, outside the 2 MiB stretches
+// dense with other data (see below). A hole reads as zeros, so the
 // file's content does not change: it may run while processes map the file (a page one
 // of them copied on write is its own and stays).
 func PunchZeroPages(ctx context.Context, path string) (int64, error) {
@@ -23,10 +24,11 @@ func PunchZeroPages(ctx context.Context, path string) (int64, error) {
 	fd := int(f.Fd())
 	buf := make([]byte, chunk)
 	var freed int64
+	var zeros, full []PreallocRun
 	for pos := int64(0); ; {
 		data, err := unix.Seek(fd, pos, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
-			return freed, nil
+			break
 		}
 		if err != nil {
 			return freed, fmt.Errorf("punch zero pages of %s: seek data at %d: %w", path, pos, err)
@@ -45,13 +47,12 @@ func PunchZeroPages(ctx context.Context, path string) (int64, error) {
 			}
 			n = n / int(pageSize) * int(pageSize)
 			for _, s := range scan(buf[:n], 0, int64(n), zeroPage) {
-				if !s.zero {
-					continue
+				r := PreallocRun{uint64(off + s.off), uint64(off + s.off + s.size)}
+				if s.zero {
+					zeros = append(zeros, r)
+				} else {
+					full = append(full, r)
 				}
-				if err := punchHole(fd, off+s.off, s.size); err != nil {
-					return freed, fmt.Errorf("punch zero pages of %s: %w", path, err)
-				}
-				freed += s.size
 			}
 			if n == 0 {
 				break
@@ -59,4 +60,28 @@ func PunchZeroPages(ctx context.Context, path string) (int64, error) {
 		}
 		pos = hole
 	}
+	// Zero pages inside a stretch that is dense with other data stay: it is a huge page
+	// where the kernel has them (Preallocate, Options.HugePages), and a punch would split
+	// it (keepDense).
+	dense := map[uint64]bool{}
+	for _, b := range denseStretches(mergeRuns(full)) {
+		dense[uint64(b)] = true
+	}
+	for _, z := range zeros {
+		for at := z.Start; at < z.End; {
+			b := at / hugeAlign * hugeAlign
+			end := min(z.End, b+hugeAlign)
+			if !dense[b] {
+				if err := ctx.Err(); err != nil {
+					return freed, err
+				}
+				if err := punchHole(fd, int64(at), int64(end-at)); err != nil {
+					return freed, fmt.Errorf("punch zero pages of %s: %w", path, err)
+				}
+				freed += int64(end - at)
+			}
+			at = end
+		}
+	}
+	return freed, nil
 }

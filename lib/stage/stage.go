@@ -110,6 +110,9 @@ type DumpStats struct {
 	// (a source's first swap), for the rewrite to write into.
 	PreallocMs    float64 `json:"prealloc_ms,omitempty"`
 	PreallocBytes int64   `json:"prealloc_bytes,omitempty"`
+	// PreallocHugePages: the 2 MiB stretches of them allocated as one huge page each
+	// (memfile.Preallocate): forks map those without page tables.
+	PreallocHugePages int `json:"prealloc_huge_pages,omitempty"`
 	// PagesPlaced: CRIU sent the pages to a page server that wrote each process's into
 	// its memory file (<snapshot>-prealloc-<pid>.mem) at their addresses: the checkpoint's
 	// pages images are empty until the rewrite, which needs those files, has run.
