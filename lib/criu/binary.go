@@ -1,9 +1,11 @@
 package criu
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 )
 
 // DefaultPrivateBinary is where `make setup` unpacks a private CRIU when the distribution's
@@ -55,4 +57,35 @@ func executable(p string) error {
 func binaryPath(explicit string) (string, error) {
 	b, err := FindBinary(explicit)
 	return b.Path, err
+}
+
+// pageServerWide remembers, by binary (path, size and time: an upgrade in place is asked
+// again), whether that criu speaks the page-server protocol memfile.PageServer reads: a
+// version request costs a criu start.
+var pageServerWide sync.Map
+
+// SpeaksWidePageServer reports whether the criu binary (FindBinary's explicit path, ""
+// = the default) is 4.2 or later, whose page-server header carries nr_pages as a u64
+// (32 bytes). CRIU 4.1 sends a 24-byte header, which memfile.PageServer does not read:
+// with it a dump would wait on the server until its deadline.
+func SpeaksWidePageServer(ctx context.Context, binary string) bool {
+	path, err := binaryPath(binary)
+	if err != nil {
+		return false
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return false
+	}
+	key := fmt.Sprintf("%s %d %d", path, fi.Size(), fi.ModTime().UnixNano())
+	if v, ok := pageServerWide.Load(key); ok {
+		return v.(bool)
+	}
+	major, minor, _, err := Version(ctx, path)
+	if err != nil {
+		return false // not remembered: a criu that failed once may answer next time
+	}
+	wide := major > 4 || major == 4 && minor >= 2
+	pageServerWide.Store(key, wide)
+	return wide
 }

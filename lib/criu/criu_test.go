@@ -654,3 +654,22 @@ func TestRestoreLatency(t *testing.T) {
 	t.Logf("dump wall plain %v, kdat %v (ratio %.2f); version rpc %v",
 		med(dumpPlain), med(dumpKdat), float64(med(dumpKdat))/float64(med(dumpPlain)), med(vers))
 }
+
+// The page server is used with the criu this host runs only if its header is the one
+// memfile.PageServer reads; the answer matches the version criu gives.
+func TestSpeaksWidePageServer(t *testing.T) {
+	requirePriv(t)
+	major, minor, _, err := Version(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := major > 4 || major == 4 && minor >= 2
+	for range 2 { // the second answer is the remembered one
+		if got := SpeaksWidePageServer(context.Background(), ""); got != want {
+			t.Errorf("criu %d.%d: wide page server %v, want %v", major, minor, got, want)
+		}
+	}
+	if SpeaksWidePageServer(context.Background(), "/nonexistent/criu") {
+		t.Error("a missing binary speaks the wide page server")
+	}
+}

@@ -228,10 +228,11 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	// rewrite would copy again while the source is frozen. One process only: the rewrite
 	// finds the pages a process shares copy-on-write with its parent (a pre-forking
 	// server's workers) by comparing pages images (one forked before the freeze is
-	// restored right, its shared pages stored twice).
+	// restored right, its shared pages stored twice). CRIU 4.2 and later only: 4.1's
+	// page-server header is another size (its dumps hung on the server in the v2 guest).
 	var ps *memfile.PageServer
 	var psConn *os.File
-	if swap && c.Family == "" && singleProcess(cg) && snapshot.MakeFamilyDir(s.FamilyDir) == nil {
+	if swap && c.Family == "" && singleProcess(cg) && criu.SpeaksWidePageServer(ctx, rt.CRIU) && snapshot.MakeFamilyDir(s.FamilyDir) == nil {
 		if ps, err = memfile.StartPageServer(s.CheckpointDir, s.FamilyDir, s.ID); err == nil {
 			psConn = ps.Conn
 			defer func() {
