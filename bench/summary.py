@@ -470,9 +470,11 @@ def issue14_targets(b, target):
         target("first fork + exec, CLI with the daemon", "<= 250 ms", f"{ms(v)} ms" + base("first_fork_exec_ms"),
                v is not None and v <= 250,
                "" if v is None or v <= 250 else
-               f"the first fork dumps the whole {th} MiB heap (CRIU {ms(rep.get('first_dump_ms'))} ms), rewrites it "
-               f"into memory files ({ms(rep.get('first_memfile_ms'))} ms) and restores the source onto them: the "
-               f"source paused {ms(rep.get('first_pause_ms'))} ms of it")
+               f"the first fork allocates the heap's memory file before the freeze (huge pages for dense 2 MiB "
+               f"stretches; on this VM fresh huge pages wait on the host's balloon), dumps the whole {th} MiB heap "
+               f"into it (CRIU {ms(rep.get('first_dump_ms'))} ms), finishes the rewrite "
+               f"({ms(rep.get('first_memfile_ms'))} ms) and restores the source onto it: the source paused "
+               f"{ms(rep.get('first_pause_ms'))} ms of it")
         v = rep.get("repeat_pause_p50_ms")
         target("source pause, repeat forks", "<= 40 ms",
                f"{ms(v)} ms p50, {ms(rep.get('repeat_pause_max_ms'))} ms max (the longest gap the agent saw during "
@@ -490,10 +492,11 @@ def issue14_targets(b, target):
                f"{ms(v)} ms (CRIU froze it {ms(rep.get('first_frozen_ms'))} ms)" + base("first_pause_ms"),
                None if v is None else v <= 150,
                "" if v is None or v <= 150 else
-               f"the source stays frozen while CRIU writes its {th} MiB to pages-*.img on tmpfs (dump "
-               f"{ms(rep.get('first_dump_ms'))} ms), lf-memfile copies them into memory files "
-               f"({ms(rep.get('first_memfile_ms'))} ms) and its replacement is restored from them; the pages are "
-               f"written twice while it is frozen (the issue's page-server and pre-copy ideas; not tried here)")
+               f"the source stays frozen while CRIU copies its {th} MiB once, through its page server straight into "
+               f"memory-file pages allocated before the freeze (dump {ms(rep.get('first_dump_ms'))} ms; CRIU >= 4.2, "
+               f"one-process sources), the rewrite finishes ({ms(rep.get('first_memfile_ms'))} ms) and its "
+               f"replacement is restored; the one copy of the heap is over the target on this VM, and moving it "
+               f"out of the pause needs pre-copy with write tracking (not built; soft-dirty is off here)")
     else:
         for name, goal in (("repeat fork + exec, CLI with the daemon", "p50 <= 60 ms"),
                            ("first fork + exec, CLI with the daemon", "<= 250 ms"),
