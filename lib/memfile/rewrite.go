@@ -501,16 +501,7 @@ func (mf *memFile) dataRanges() []PreallocRun {
 		dst := uint64(v.off) + p.vaddr - v.e.GetStart()
 		rs = append(rs, PreallocRun{dst, dst + uint64(p.n*pageSize)})
 	}
-	sort.Slice(rs, func(i, j int) bool { return rs[i].Start < rs[j].Start })
-	out := rs[:0]
-	for _, r := range rs {
-		if k := len(out); k > 0 && r.Start <= out[k-1].End {
-			out[k-1].End = max(out[k-1].End, r.End)
-			continue
-		}
-		out = append(out, r)
-	}
-	return out
+	return mergeRuns(rs)
 }
 
 // copyBaseAround writes a placed file's base bytes (a library's, a family file's) for v
