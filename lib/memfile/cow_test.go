@@ -253,13 +253,7 @@ func mapsAround(pid int, addr uint64) string {
 // after fork() is kept with the file's own bytes, and the child's own writes stay. A VMA
 // that differs on more pages than the process's budget keeps its own file.
 func TestShareFilePrivateSynthetic(t *testing.T) {
-	root := shmDir(t)
-	img, family, rootfs := filepath.Join(root, "img"), filepath.Join(root, "family"), filepath.Join(root, "rootfs")
-	for _, d := range []string{img, family, filepath.Join(rootfs, "data")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	img, family, rootfs := synthDirs(t, "data")
 	var file []byte
 	for i := 0; i < 8; i++ {
 		file = append(file, page(byte('A'+i))...)

@@ -163,14 +163,22 @@ func loadFiles(t *testing.T, dir string) map[uint32]*fdinfo.FileEntry {
 	return out
 }
 
-func TestRewriteSynthetic(t *testing.T) {
+// synthDirs makes a checkpoint directory, a family directory and a root file system with
+// the directory sub, on tmpfs, for a rewrite of a synthetic checkpoint.
+func synthDirs(t *testing.T, sub string) (img, family, rootfs string) {
+	t.Helper()
 	root := shmDir(t)
-	img, family, rootfs := filepath.Join(root, "img"), filepath.Join(root, "family"), filepath.Join(root, "rootfs")
-	for _, d := range []string{img, family, filepath.Join(rootfs, "lib")} {
+	img, family, rootfs = filepath.Join(root, "img"), filepath.Join(root, "family"), filepath.Join(root, "rootfs")
+	for _, d := range []string{img, family, filepath.Join(rootfs, sub)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return img, family, rootfs
+}
+
+func TestRewriteSynthetic(t *testing.T) {
+	img, family, rootfs := synthDirs(t, "lib")
 	// The library: 6 pages 'L'+i. A symlink in the rootfs must resolve inside it.
 	var lib []byte
 	for i := 0; i < 6; i++ {
