@@ -3,6 +3,8 @@
 #   scripts/zdtm/run.sh                      all selected tests -> bench/results/zdtm.csv, docs/zdtm.md
 #   scripts/zdtm/run.sh --only 'socket|maps' a quick run -> $ZDTM_WORK/quick.csv, quick.md
 #   scripts/zdtm/run.sh --limit 10           the first 10 selected tests, likewise
+#   scripts/zdtm/run.sh --only X --merge     a quick run whose rows then replace those tests'
+#                                            rows of the full results (merge.py)
 # Other options go to run.py (--step-timeout, --test-timeout, --privileged).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -13,17 +15,25 @@ if [ ! -f "$ZDTM_WORK/manifest.json" ] || ! "$LF" image list 2>/dev/null | grep 
 	bash "$HERE/build.sh"
 fi
 
-quick=0 suffix= mode="confined as \`lazyfork create\` does by default"
+quick=0 merge=0 suffix= mode="confined as \`lazyfork create\` does by default" args=()
 for a in "$@"; do
 	case $a in
 	--only|--only=*|--limit|--limit=*) quick=1 ;;
 	--privileged) suffix=-privileged mode="created with \`--privileged\`" ;;
 	esac
+	# --merge: a quick run's rows replace those tests' rows of the full results (merge.py).
+	if [ "$a" = --merge ]; then merge=1; else args+=("$a"); fi
 done
+set -- "${args[@]}"
+full_csv=$REPO/bench/results/zdtm$suffix.csv full_md=$REPO/docs/zdtm$suffix.md
+if [ $merge = 1 ] && { [ $quick = 0 ] || [ ! -f "$full_csv" ]; }; then
+	echo "run.sh: --merge needs --only or --limit and an earlier full run ($full_csv)" >&2
+	exit 2
+fi
 if [ $quick = 1 ]; then
 	csv=$ZDTM_WORK/quick$suffix.csv md=$ZDTM_WORK/quick$suffix.md
 else
-	csv=$REPO/bench/results/zdtm$suffix.csv md=$REPO/docs/zdtm$suffix.md
+	csv=$full_csv md=$full_md
 fi
 # bin/ is shared and rebuilt by others at any time: this run uses a copy taken now.
 pin=$(mktemp -d "$ZDTM_WORK/bin.XXXXXX")
@@ -38,3 +48,11 @@ kernel $(uname -r), containers $mode"
 nice -n 10 python3 "$HERE/run.py" --csv "$csv" "$@"
 python3 "$HERE/md.py" "$csv" "$ZDTM_WORK/manifest.json" >"$md"
 echo "results: $csv, $md" >&2
+if [ $quick = 0 ]; then
+	rm -f "${full_csv%.csv}.runs.json" # a full run's rows are all its own
+elif [ $merge = 1 ]; then
+	python3 "$HERE/merge.py" "$csv" "$full_csv" "$full_md"
+	python3 "$HERE/md.py" "$full_csv" "$ZDTM_WORK/manifest.json" >"$full_md.new"
+	mv "$full_md.new" "$full_md"
+	echo "merged into: $full_csv, $full_md" >&2
+fi
