@@ -43,6 +43,10 @@ var (
 // ErrAllocator refuses a workload whose allocator relies on MADV_DONTNEED zero-fill.
 var ErrAllocator = errors.New("unsupported allocator")
 
+// ErrUserfaultfd refuses a workload holding a userfaultfd: CRIU has no dumper for one
+// ("Can't dump file N of that type ... anon_inode:[userfaultfd]"), so no dump can succeed.
+var ErrUserfaultfd = errors.New("holds a userfaultfd, which CRIU cannot checkpoint")
+
 // DumpOptions tune a dump.
 type DumpOptions struct {
 	Exit  bool // end the source after the dump (lazyfork stop)
@@ -191,6 +195,12 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 			// deletes after the dump: in a swap the upper is the snapshot's layer by then,
 			// and the link would be gone from it (zdtm unlink_fstat03). A copy keeps it.
 			swap = false
+		} else if wholeFileLock(cg, c.RootFS) {
+			// A swap runs the source on a new overlay mount: every file's device number
+			// changes. A program that recorded it checks it against the lock it holds
+			// (zdtm file_locks01 compares fstat's st_dev with /proc's lock record). A copy
+			// leaves the source on its mount.
+			swap = false
 		} else if breakingLease(cg) {
 			// CRIU restores a lease being broken by breaking it again, and the signal that
 			// sends reaches the program (zdtm file_lease02-04): a swap would do that to the
@@ -198,9 +208,8 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 			swap = false
 		} else if pid, _ := lossyDescriptor(cg); pid != 0 {
 			// A restore changes what these observe: fanotify marks come back other than
-			// they were (zdtm fanotify00 fails in a plain CRIU copy too), and memory under
-			// a userfaultfd is memory-file backed, where MADV_DONTNEED reads the file, not
-			// zeros (uffd-events). A swap would do that to the source; a copy does not.
+			// they were (zdtm fanotify00 fails in a plain CRIU copy too). A swap would do
+			// that to the source; a copy does not.
 			swap = false
 		} else {
 			// Recorded before the freeze: should this process die from here on, GC finds
@@ -315,6 +324,18 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		}
 	}
 	if err != nil {
+		// Named after the fact, not looked for before every dump (a walk of every
+		// descriptor): CRIU's line names the descriptor's number, not its process.
+		if strings.Contains(err.Error(), "anon_inode:[userfaultfd]") {
+			if pid, _ := findFd(cg, func(_, target string) string {
+				if target == "anon_inode:[userfaultfd]" {
+					return target
+				}
+				return ""
+			}); pid != 0 {
+				return nil, fmt.Errorf("dump %s: process %d (%s) %w; close it before forking", name, pid, procComm(pid), ErrUserfaultfd)
+			}
+		}
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
 	s.State, s.Owner, s.Swap = stage.SnapDumped, 0, swap
@@ -425,13 +446,61 @@ func breakingLease(cg *cgroup.Cgroup) bool {
 	return false
 }
 
+// wholeFileLock reports whether a flock(2) or open-file-description lock is held on a file
+// of the container's own overlay mount (root): /proc/locks names the locked inode by its
+// device. POSIX (fcntl) record locks are left out: SQLite takes them for every write and,
+// in WAL mode, holds one as long as a connection is open, and forks of such programs keep
+// their swap (they check inode numbers, which a swap keeps).
+func wholeFileLock(cg *cgroup.Cgroup, root string) bool {
+	var st unix.Stat_t
+	if root == "" || unix.Stat(root, &st) != nil {
+		return false
+	}
+	dev := fmt.Sprintf("%02x:%02x:", unix.Major(st.Dev), unix.Minor(st.Dev))
+	b, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return false
+	}
+	pids, err := cg.Procs()
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// "1: FLOCK  ADVISORY  WRITE 1234 00:3f:5678 0 EOF"; an OFD lock's pid is -1.
+		f := strings.Fields(line)
+		if len(f) < 6 || (f[1] != "FLOCK" && f[1] != "OFDLCK") || !strings.HasPrefix(f[5], dev) {
+			continue
+		}
+		if f[4] == "-1" || slices.Contains(pids, atoiOr(f[4], 0)) {
+			return true
+		}
+	}
+	return false
+}
+
+func atoiOr(s string, def int) int {
+	if n, err := strconv.Atoi(s); err == nil {
+		return n
+	}
+	return def
+}
+
+// procComm is a process's command name, for messages ("?" if it is gone).
+func procComm(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
+}
+
 // lossyDescriptor returns a process of the group holding a descriptor that a restore does
-// not give back as it was (userfaultfd, fanotify), and its kind, or 0.
+// not give back as it was (fanotify), and its kind, or 0. (A userfaultfd is refused
+// before: CRIU cannot dump one at all.)
 func lossyDescriptor(cg *cgroup.Cgroup) (int, string) {
 	return findFd(cg, func(_, target string) string {
-		switch target {
-		case "anon_inode:[userfaultfd]", "anon_inode:[fanotify]":
-			return strings.TrimSuffix(strings.TrimPrefix(target, "anon_inode:["), "]")
+		if target == "anon_inode:[fanotify]" {
+			return "fanotify"
 		}
 		return ""
 	})

@@ -351,3 +351,76 @@ for i in itertools.count():
 	n = len(lines(src))
 	testutil.Eventually(t, 10*time.Second, "the source to go on", func() bool { return len(lines(src)) > n+3 })
 }
+
+// A program holding a userfaultfd (over anonymous memory it drops with MADV_DONTNEED and
+// expects back as zeros) cannot be checkpointed: CRIU has no dumper for the descriptor.
+// The fork is refused with an error naming the process and the descriptor, nothing is
+// left behind, and the source runs on.
+func TestForkUserfaultfdRefused(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import ctypes, itertools, mmap, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.syscall(323, os.O_CLOEXEC)  # userfaultfd(2)
+assert fd >= 0, os.strerror(ctypes.get_errno())
+m = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE); m.write(b"x" * (1 << 20))
+for i in itertools.count():
+    m.madvise(mmap.MADV_DONTNEED)
+    print(i, m[0], flush=True)
+    time.sleep(0.1)
+`
+	// Privileged: Docker's seccomp profile, which confined containers run under, allows
+	// userfaultfd(2) only with CAP_SYS_PTRACE.
+	src, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "uffd", Privileged: true, Command: []string{"python3", "-c", py}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "the program to start", func() bool { return len(lines(src)) > 2 })
+	if last := lastLine(src); !strings.HasSuffix(last, " 0") {
+		t.Fatalf("source's line %q: MADV_DONTNEED did not zero-fill anonymous memory", last)
+	}
+	before := strings.Split(leftovers(t, rt.Containers), " cgroups=")[0]
+	_, _, err = fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
+	if !errors.Is(err, fork.ErrUserfaultfd) || !strings.Contains(err.Error(), itoa(src.Pid)+" (python3)") {
+		t.Fatalf("fork of a userfaultfd holder: %v, want ErrUserfaultfd naming process %d (python3)", err, src.Pid)
+	}
+	if after := strings.Split(leftovers(t, rt.Containers), " cgroups=")[0]; after != before {
+		t.Errorf("left behind: before %s, after %s", before, after)
+	}
+	n := len(lines(src))
+	testutil.Eventually(t, 10*time.Second, "the source to go on", func() bool { return len(lines(src)) > n+3 })
+}
+
+// A program holding a flock(2) lock, which recorded the locked file's device number,
+// still finds its lock on that device after its container was forked: the first fork
+// used to swap the source onto a new overlay mount, which gives every file another
+// device number (zdtm file_locks01 failed in the source so). The fork itself is a copy,
+// on its own mount.
+func TestForkFlockKeepsSourceDevice(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import fcntl, itertools, os, time
+os.makedirs("/srv", exist_ok=True)
+f = open("/srv/lock", "w"); fcntl.flock(f, fcntl.LOCK_EX)
+st = os.fstat(f.fileno())
+want = "%02x:%02x:%d" % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+for i in itertools.count():
+    held = [l.split()[6] for l in open("/proc/self/fdinfo/%d" % f.fileno()) if l.startswith("lock:")]
+    print(i, "same" if want in held else "moved %s -> %s" % (want, held), flush=True)
+    time.sleep(0.1)
+`
+	src := create(t, rt, "flock", "python3", "-c", py)
+	testutil.Eventually(t, 10*time.Second, "the lock to be taken", func() bool { return len(lines(src)) > 2 })
+	pid := src.Pid
+	f := doFork(t, rt, src, 1)[0]
+	n := len(lines(f))
+	testutil.Eventually(t, 10*time.Second, "the fork to go on", func() bool { return len(lines(f)) > n+3 })
+	t.Logf("fork's last line %q (a copy: its own mount)", lastLine(f))
+	cur, err := rt.Containers.Get(src.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n = len(lines(cur))
+	testutil.Eventually(t, 10*time.Second, "the source to go on", func() bool { return len(lines(cur)) > n+3 })
+	if last := lastLine(cur); !strings.HasSuffix(last, " same") {
+		t.Errorf("source's last line %q (pid %d -> %d): its locked file's device changed under it", last, pid, cur.Pid)
+	}
+}
