@@ -60,7 +60,6 @@ func main() {
 	rec := trace.New() // from the start of main; used only with --trace
 	criu.MaybeKdatHelper()
 	container.MaybeInit()
-	container.MaybeCgexec()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -38,7 +38,7 @@ func (c *Cgroup) AddProc(pid int) error {
 }
 
 // ThreadJoinFiles lists, on v1, the group's `tasks` file in every hierarchy (nil on v2):
-// a thread that writes "0" to each (JoinThread) moves itself into the group. A thread
+// a thread that writes "0" to each (lib/helper's JoinThread) moves itself into the group. A thread
 // moving itself is the one migration the kernel makes without taking its global
 // threadgroup lock, whose write side waits for an RCU grace period (moving another
 // process through cgroup.procs: 8-15 ms on these hosts). After an execve from that
@@ -54,20 +54,6 @@ func (c *Cgroup) ThreadJoinFiles() []string {
 		}
 	}
 	return out
-}
-
-// JoinThread moves the calling thread into the groups whose `tasks` files are given
-// (ThreadJoinFiles); the caller has locked its goroutine to the thread.
-func JoinThread(files []string) error {
-	for _, f := range files {
-		if filepath.Base(f) != "tasks" {
-			return fmt.Errorf("join cgroup: %s is not a tasks file", f)
-		}
-		if err := os.WriteFile(f, []byte("0"), 0); err != nil {
-			return fmt.Errorf("join cgroup %s: %w", filepath.Dir(f), err)
-		}
-	}
-	return nil
 }
 
 // Procs lists the processes in the group and its child groups, in any hierarchy, sorted.

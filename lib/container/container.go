@@ -38,6 +38,9 @@ type Runtime struct {
 	CgroupParent string // "" = under the caller's own cgroup
 	// Exe is the binary re-executed as the container set-up helper (default: this one).
 	Exe string
+	// Helper is lazyfork-helper, the small binary Exec starts to become a command inside a
+	// container (lib/helper); Open sets the one next to the running binary (HelperBeside).
+	Helper string
 	// Network is where bridge-mode containers are attached; zero fields mean the
 	// defaults (lib/network).
 	Network network.Config
@@ -71,7 +74,31 @@ func Open(cfg Config) (*Runtime, error) {
 	}
 	im.MaxLayerBytes = cfg.MaxLayerBytes
 	return &Runtime{Containers: t, Images: im, CgroupParent: cfg.CgroupParent, CRIU: cfg.CRIU,
-		Network: network.Config{Bridge: cfg.Bridge, Subnet: cfg.Subnet}}, nil
+		Network: network.Config{Bridge: cfg.Bridge, Subnet: cfg.Subnet}, Helper: HelperBeside()}, nil
+}
+
+// HelperName is the exec helper's file name (cmd/lazyfork-helper): make build, make
+// install and the wheel put it next to lazyfork.
+const HelperName = "lazyfork-helper"
+
+// HelperBeside is the exec helper next to the running binary ("" if that is unknown).
+func HelperBeside() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(exe), HelperName)
+}
+
+// helper is r.Helper once it is known to be an executable file.
+func (r *Runtime) helper() (string, error) {
+	if r.Helper == "" {
+		return "", fmt.Errorf("no exec helper (%s) is set for this runtime", HelperName)
+	}
+	if fi, err := os.Stat(r.Helper); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("the exec helper %s is missing or not executable: it belongs next to lazyfork; run `make build` (or `make install`, or reinstall the wheel)", r.Helper)
+	}
+	return r.Helper, nil
 }
 
 // CreateOptions are the user's choices for a new container.

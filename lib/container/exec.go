@@ -9,33 +9,18 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfork/lazyfork/lib/cgroup"
-	"github.com/lazyfork/lazyfork/lib/confine"
 	"github.com/lazyfork/lazyfork/lib/guard"
+	"github.com/lazyfork/lazyfork/lib/helper"
 	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/trace"
 )
-
-// ExecHelperArg is the hidden first argument with which the lazyfork binary re-executes
-// itself to become a command inside a container. The caller starts it with an empty
-// environment (the container's never reaches a host binary) from a thread that has
-// joined the pid namespace of the container's init (through a pidfd), so the helper is
-// born inside that namespace; it is put into the container's cgroup before it reads its
-// config. The helper then joins the init's other namespaces through the same pidfd, takes
-// the container's root, resolves the command with the container's PATH inside that root,
-// confines itself as the container's processes are (lib/confine), and execve's the
-// command with the container's environment. Nothing of the image runs before the command
-// itself, and that runs inside, confined.
-const ExecHelperArg = "__lazyfork_exec"
 
 // MaxExecOutput bounds what Exec captures of each of stdout and stderr when the caller
 // gives no writer (the --json output and the daemon's exec route): 16 MiB each. A command
@@ -44,127 +29,6 @@ const MaxExecOutput = 16 << 20
 
 // ErrExecOutputLimit is wrapped by Exec's error when captured output went over the bound.
 var ErrExecOutputLimit = errors.New("exec output over the bound")
-
-// The exec helper's descriptors, in the order of the parent's ExtraFiles.
-const (
-	execFdPidfd  = 3
-	execFdConfig = 4
-	execFdErr    = 5
-)
-
-// execConfig is what the parent sends the exec helper on execFdConfig, once the helper
-// is in the container's cgroup.
-type execConfig struct {
-	Pid  int      `json:"pid"`
-	Args []string `json:"args"`
-	Env  []string `json:"env"` // for the final execve only
-	Cwd  string   `json:"cwd"` // inside the container; "" = /
-	// Confine is the container's confinement (its record's), applied to the command.
-	Confine confine.Profile `json:"confine"`
-	// JoinTasks are the container's v1 `tasks` files: the helper's thread moves itself in
-	// first thing (cgroup.JoinThread), cheaper than the parent moving it; empty when the
-	// parent moved it (v2).
-	JoinTasks []string `json:"join_tasks,omitempty"`
-	// Filters are Confine's seccomp programs, compiled by the parent (once per daemon,
-	// confine.Profile.Filters) rather than by every helper.
-	Filters [][]unix.SockFilter `json:"filters,omitempty"`
-}
-
-// MaybeCgexec runs the exec helper and never returns if this process was started as one.
-// Call it first thing in main (and TestMain). (The name is historical: the helper used to
-// only join the cgroup and run nsenter.)
-func MaybeCgexec() {
-	if len(os.Args) < 2 || os.Args[1] != ExecHelperArg {
-		return
-	}
-	// Namespaces, root and capabilities are per thread: all of it, and the execve, on
-	// this one.
-	runtime.LockOSThread()
-	err := execHelper()
-	errPipe := os.NewFile(execFdErr, "errpipe")
-	fmt.Fprint(errPipe, oneLineErr(err))
-	os.Exit(126)
-}
-
-func oneLineErr(err error) string {
-	return strings.Join(strings.Fields(err.Error()), " ")
-}
-
-// execHelper enters the container and execs the command; it returns only on failure.
-func execHelper() error {
-	for fd := execFdPidfd; fd <= execFdErr; fd++ {
-		unix.CloseOnExec(fd)
-	}
-	// Until the execve, this process runs as host root inside the container's pid
-	// namespace: not dumpable, so no process in the container may ptrace it or open its
-	// /proc files.
-	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-		return fmt.Errorf("set not dumpable: %w", err)
-	}
-	cf := os.NewFile(execFdConfig, "config")
-	var cfg execConfig
-	err := json.NewDecoder(io.LimitReader(cf, 4<<20)).Decode(&cfg)
-	cf.Close()
-	if err != nil {
-		return fmt.Errorf("read exec config: %w", err)
-	}
-	if len(cfg.Args) == 0 || cfg.Pid <= 0 {
-		return errors.New("exec config without a command or a pid")
-	}
-	// This thread execs the command: in the container's cgroup before anything else.
-	if err := cgroup.JoinThread(cfg.JoinTasks); err != nil {
-		return err
-	}
-	pidfd := execFdPidfd
-
-	// /proc is still the host's here (only the pid namespace is the container's).
-	flags, err := nsFlags(cfg.Pid)
-	if err != nil {
-		return err
-	}
-	// The container's root as its init sees it (as nsenter -r does).
-	root, err := unix.Open(fmt.Sprintf("/proc/%d/root", cfg.Pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open the container's root: %w", err)
-	}
-	// The pid read above is still the pidfd's process (a live process keeps its pid), so
-	// the root and namespaces are the container's, not a process that reused its pid.
-	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
-		return fmt.Errorf("the container's init is gone: %w", err)
-	}
-	// setns into a mount namespace needs a private fs struct (Go threads share one).
-	if err := unix.Unshare(unix.CLONE_FS); err != nil {
-		return fmt.Errorf("unshare fs: %w", err)
-	}
-	if flags != 0 {
-		if err := unix.Setns(pidfd, flags); err != nil {
-			return fmt.Errorf("enter the container's namespaces: %w", err)
-		}
-	}
-	if err := unix.Fchdir(root); err != nil {
-		return fmt.Errorf("enter the container's root: %w", err)
-	}
-	if err := unix.Chroot("."); err != nil {
-		return fmt.Errorf("enter the container's root: %w", err)
-	}
-	unix.Close(root)
-	cwd := cfg.Cwd
-	if cwd == "" {
-		cwd = "/"
-	}
-	if err := unix.Chdir(cwd); err != nil {
-		return fmt.Errorf("working directory %s in the container: %w", cwd, err)
-	}
-	path, err := lookPathIn(cfg.Args[0], envValue(cfg.Env, "PATH"))
-	if err != nil {
-		return err
-	}
-	if err := confineExec(&cfg); err != nil {
-		return err
-	}
-	err = unix.Exec(path, cfg.Args, cfg.Env)
-	return fmt.Errorf("exec %s in the container: %w", cfg.Args[0], err)
-}
 
 // onTerminal reports whether any of the streams is a terminal.
 func onTerminal(streams ...any) bool {
@@ -178,109 +42,11 @@ func onTerminal(streams ...any) bool {
 	return false
 }
 
-// confineExec confines the calling thread as the container's own processes are (the
-// profile in its record: capabilities, no_new_privs, seccomp, user), right before the
-// command starts: the command inherits it through fork and execve. The one place exec'd
-// processes get their confinement.
-func confineExec(cfg *execConfig) error {
-	if err := cfg.Confine.ApplyFilters(cfg.Filters); err != nil {
-		return fmt.Errorf("confine the command: %w", err)
-	}
-	return nil
-}
-
-// nsFlags lists the namespaces of pid that differ from this process's, as setns flags
-// (the pid namespace is joined by whoever starts the helper).
-func nsFlags(pid int) (int, error) {
-	var flags int
-	for _, ns := range []struct {
-		name string
-		flag int
-	}{{"mnt", unix.CLONE_NEWNS}, {"uts", unix.CLONE_NEWUTS}, {"ipc", unix.CLONE_NEWIPC},
-		{"net", unix.CLONE_NEWNET}, {"cgroup", unix.CLONE_NEWCGROUP}, {"user", unix.CLONE_NEWUSER}} {
-		var theirs, ours unix.Stat_t
-		if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/%s", pid, ns.name), &theirs); err != nil {
-			return 0, fmt.Errorf("read the container's %s namespace: %w", ns.name, err)
-		}
-		if err := unix.Stat("/proc/self/ns/"+ns.name, &ours); err != nil {
-			return 0, fmt.Errorf("read own %s namespace: %w", ns.name, err)
-		}
-		if theirs.Ino == ours.Ino && theirs.Dev == ours.Dev {
-			continue
-		}
-		if ns.flag == unix.CLONE_NEWUSER {
-			// Joining a user namespace needs a single-threaded caller, which a Go
-			// process is not.
-			return 0, errors.New("exec into a container with its own user namespace is not supported")
-		}
-		flags |= ns.flag
-	}
-	if flags&unix.CLONE_NEWNS == 0 {
-		return 0, errors.New("the process shares the host's mount namespace: not a container's init")
-	}
-	return flags, nil
-}
-
-// lookPathIn resolves a command as execvp would with the container's PATH, in the
-// current root (the container's): never with the host's PATH or files.
-func lookPathIn(name, pathEnv string) (string, error) {
-	if name == "" {
-		return "", errors.New("empty command name")
-	}
-	if strings.Contains(name, "/") {
-		if err := isExecutable(name); err != nil {
-			return "", fmt.Errorf("command %s in the container: %w", name, err)
-		}
-		return name, nil
-	}
-	if pathEnv == "" {
-		pathEnv = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	}
-	for _, dir := range filepath.SplitList(pathEnv) {
-		if dir == "" {
-			dir = "."
-		}
-		p := filepath.Join(dir, name)
-		if isExecutable(p) == nil {
-			if !filepath.IsAbs(p) {
-				p = "./" + p
-			}
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("command %q not found in the container (PATH=%s)", name, pathEnv)
-}
-
-func isExecutable(p string) error {
-	var st unix.Stat_t
-	if err := unix.Stat(p, &st); err != nil {
-		return err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return errors.New("not a regular file")
-	}
-	if st.Mode&0o111 == 0 {
-		return errors.New("not executable")
-	}
-	return nil
-}
-
 func sizeText(n int) string {
 	if n >= 1<<20 && n%(1<<20) == 0 {
 		return fmt.Sprintf("%d MiB", n>>20)
 	}
 	return fmt.Sprintf("%d bytes", n)
-}
-
-// envValue is the value of key in env (KEY=VALUE entries; the last one wins).
-func envValue(env []string, key string) string {
-	v := ""
-	for _, e := range env {
-		if k, val, ok := strings.Cut(e, "="); ok && k == key {
-			v = val
-		}
-	}
-	return v
 }
 
 // startInPidNS starts cmd from a thread that has joined the pid namespace of pidfd's
@@ -339,7 +105,9 @@ func (b *boundedBuffer) exceeded() bool {
 	return b.over
 }
 
-// Exec runs a command in the container's namespaces, root and cgroup (see ExecHelperArg).
+// Exec runs a command in the container's namespaces, root and cgroup: it starts
+// r.Helper (lazyfork-helper, see lib/helper's ExecArg) inside the container's pid
+// namespace, and the helper becomes the command.
 // The container is targeted by a pidfd of its init, checked against the start time in
 // its record, so a pid reused by another process is never entered.
 func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (_ *ExecResult, retErr error) {
@@ -363,6 +131,10 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 
 	endPrep := trace.Step(ctx, "open its init, load its cgroup, pipes")
 	defer func() { endPrep() }()
+	helperPath, err := r.helper()
+	if err != nil {
+		return nil, fail(err)
+	}
 	pidfd, err := unix.PidfdOpen(c.Pid, 0)
 	if err != nil {
 		return nil, fail(fmt.Errorf("open its init (pid %d): %w", c.Pid, err))
@@ -392,11 +164,7 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 
 	runCtx, kill := context.WithCancel(ctx)
 	defer kill()
-	exe := r.Exe
-	if exe == "" {
-		exe = "/proc/self/exe"
-	}
-	cmd := exec.CommandContext(runCtx, exe, ExecHelperArg)
+	cmd := exec.CommandContext(runCtx, helperPath, helper.ExecArg)
 	cmd.Env = []string{} // never the container's, never the caller's
 	cmd.ExtraFiles = []*os.File{pidf, cfgR, errW}
 	cmd.Stdin = o.Stdin
@@ -429,7 +197,7 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 	cmd.WaitDelay = 2 * time.Second
 	// What the helper needs, ready before it starts. On v1 the helper's thread that will
 	// exec the command moves itself into the container's cgroup, first thing.
-	cfg := execConfig{Pid: c.Pid, Args: o.Args, Env: mergeEnv(c.Env, o.Env), Cwd: o.Cwd, Confine: c.ConfineProfile(),
+	cfg := helper.ExecConfig{Pid: c.Pid, Args: o.Args, Env: mergeEnv(c.Env, o.Env), Cwd: o.Cwd, Confine: c.ConfineProfile(),
 		JoinTasks: cg.ThreadJoinFiles()}
 	if cfg.Cwd == "" {
 		cfg.Cwd = c.WorkingDir

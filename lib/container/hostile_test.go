@@ -323,3 +323,35 @@ func TestLogsStayInsideContainer(t *testing.T) {
 		t.Errorf("the naive read of LogPath gave %q; the symlink case above proves nothing", b)
 	}
 }
+
+// TestExecHelper: exec starts the runtime's helper (the built lazyfork-helper under make
+// test); a missing one fails the exec with one line that names it and the fix, and starts
+// nothing in the container.
+func TestExecHelper(t *testing.T) {
+	rt := ownImageRuntime(t)
+	ctx := context.Background()
+	if dir := os.Getenv("LAZYFORK_BIN"); dir != "" && rt.Helper != filepath.Join(dir, container.HelperName) {
+		t.Fatalf("runtime's helper is %s, want the built one in %s", rt.Helper, dir)
+	}
+	c, err := rt.Create(ctx, container.CreateOptions{Image: busyboxLayout(t, []string{"PATH=/bin"}), Name: "helped"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := rt.Exec(ctx, c, container.ExecOptions{Args: []string{"hostname"}})
+	if err != nil || strings.TrimSpace(res.Stdout) != c.Hostname {
+		t.Fatalf("exec through %s: %v, %+v", rt.Helper, err, res)
+	}
+	good := rt.Helper
+	rt.Helper = filepath.Join(t.TempDir(), container.HelperName)
+	_, err = rt.Exec(ctx, c, container.ExecOptions{Args: []string{"hostname"}})
+	rt.Helper = good
+	if err == nil {
+		t.Fatal("exec with a missing helper worked")
+	}
+	if msg := err.Error(); !strings.Contains(msg, container.HelperName+" is missing") || !strings.Contains(msg, "make build") || strings.Contains(msg, "\n") {
+		t.Errorf("error = %q, want one line naming the helper and the fix", msg)
+	}
+	if n := rt.Inspect(c).Procs; n != 1 {
+		t.Errorf("%d processes in the container after the failed exec, want its init only", n)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/fork"
+	"github.com/lazyfork/lazyfork/lib/helper"
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
 )
 
@@ -24,7 +25,7 @@ func Main(m *testing.M) {
 func Setup() {
 	criu.MaybeKdatHelper()
 	container.MaybeInit()
-	container.MaybeCgexec()
+	helper.Maybe() // Runtime.Helper is the test binary when $LAZYFORK_BIN has no lazyfork-helper
 	fork.DumpTimeout, fork.RestoreTimeout = timescale.Scale(fork.DumpTimeout), timescale.Scale(fork.RestoreTimeout)
 	fork.SwapRestoreTimeout = timescale.Scale(fork.SwapRestoreTimeout)
 }

@@ -58,6 +58,22 @@ func Config() container.Config {
 		MaxLayerBytes: os.Getenv("LAZYFORK_MAX_LAYER_BYTES")}
 }
 
+// ExecHelper is the exec helper a test's runtime starts: the built lazyfork-helper in
+// $LAZYFORK_BIN (what make test runs with; the test fails when it is missing there), else
+// the test binary exe, which runs the same code (lib/helper, dispatched in Setup).
+func ExecHelper(t *testing.T, exe string) string {
+	t.Helper()
+	dir := os.Getenv("LAZYFORK_BIN")
+	if dir == "" {
+		return exe
+	}
+	p := filepath.Join(dir, container.HelperName)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("%s is not in LAZYFORK_BIN=%s: run `make build`", container.HelperName, dir)
+	}
+	return p
+}
+
 // SetRoots gives a test its own state roots: lib/paths gets them (paths.Set, as a main
 // would) and so do the binaries the test runs (the environment); both are restored after.
 func SetRoots(t *testing.T, root, run string) {
@@ -110,7 +126,7 @@ func NewRuntime(t *testing.T) *container.Runtime {
 	}
 	cfg := Config()
 	imgs.MaxLayerBytes = cfg.MaxLayerBytes
-	rt := &container.Runtime{Containers: ts, Images: imgs, Exe: exe, CgroupParent: cfg.CgroupParent, CRIU: cfg.CRIU}
+	rt := &container.Runtime{Containers: ts, Images: imgs, Exe: exe, Helper: ExecHelper(t, exe), CgroupParent: cfg.CgroupParent, CRIU: cfg.CRIU}
 	t.Cleanup(func() {
 		all, _ := ts.List()
 		for _, c := range all {
