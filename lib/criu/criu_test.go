@@ -414,9 +414,27 @@ func TestDumpRestoreContainerKdat(t *testing.T) {
 	if c[0] != 0 || len(c) < dumped+4 {
 		t.Errorf("copy counts %v, dumped at %d", c, dumped)
 	}
-	// The /run bind lived in criu's namespace only.
+	// The /run bind lived in criu's namespace only, and the threads that started criu in
+	// it (kdat.go's start) are gone: every thread left is in our mount namespace.
 	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), kdat) {
 		t.Error("kdat dir is mounted in our namespace")
+	}
+	ours, _ := os.Readlink("/proc/self/ns/mnt")
+	foreign := func() (out []string) {
+		tasks, _ := filepath.Glob("/proc/self/task/*/ns/mnt")
+		for _, f := range tasks {
+			if ns, err := os.Readlink(f); err == nil && ns != ours {
+				out = append(out, f+" -> "+ns)
+			}
+		}
+		return out
+	}
+	deadline := time.Now().Add(timescale.Scale(5 * time.Second))
+	for len(foreign()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if f := foreign(); len(f) > 0 {
+		t.Errorf("threads left in another mount namespace than ours (%s): %v", ours, f)
 	}
 }
 

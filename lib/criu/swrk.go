@@ -115,16 +115,15 @@ func swrk(ctx context.Context, binary string, req *rpc.CriuReq, kdatDir string, 
 	}
 	startedCh, reaped := make(chan started, 1), make(chan struct{})
 	go func() {
+		// criu is born in the namespaces this thread joins (a network namespace here, the
+		// probe cache's mount namespace in start): the thread is thrown away once criu is
+		// reaped (never unlocked).
 		runtime.LockOSThread()
 		if len(netns) > 0 && netns[0] != "" {
-			// criu is born in that network namespace; the thread, which joined it too, is
-			// thrown away once criu is reaped (never unlocked).
 			if err := joinNetNS(netns[0]); err != nil {
 				startedCh <- started{false, err}
 				return
 			}
-		} else {
-			defer runtime.UnlockOSThread()
 		}
 		kdat, err := start(cmd, kdatDir, joinProcs)
 		startedCh <- started{kdat, err}
