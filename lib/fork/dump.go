@@ -68,6 +68,9 @@ type DumpOptions struct {
 	// drops it once the process is gone): one write of the record instead of two, and no
 	// moment where a crash leaves an ownerless snapshot of a live source behind.
 	Transient bool
+	// SmallPages: a swap's preallocated memory files stay in 4 KiB pages (see
+	// memfile.Options.SmallPages).
+	SmallPages bool
 }
 
 // LayersDir holds the frozen upper layers forks stack on.
@@ -173,7 +176,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	var preTime time.Duration
 	if swap && c.Family == "" {
 		endPre := trace.Step(ctx, "preallocate the memory files' pages")
-		preBytes, preHuge, preTime = preallocTimed(cg, s)
+		preBytes, preHuge, preTime = preallocTimed(cg, s, !o.SmallPages)
 		endPre()
 		defer func() {
 			if retErr != nil {

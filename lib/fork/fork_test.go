@@ -115,8 +115,10 @@ func TestForkContinuesCount(t *testing.T) {
 	}
 }
 
-// A 256 MB heap forked 20 times: forks stay small, the heap lives once on tmpfs, and
-// writes stay private (memory and files).
+// A 256 MB heap forked 20 times with the default options of a copy (the source keeps its
+// own memory; its rewrite is lf-memfile's): forks stay small, the heap lives once on
+// tmpfs in huge pages, and writes stay private (memory and files). A swap's huge pages
+// (made before the freeze) are TestFirstSwapWritesIntoPreallocatedPages's.
 func TestHeapForksShareMemoryAndIsolateWrites(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	prog := `
@@ -136,16 +138,27 @@ print("ready", flush=True)
 	// slow host (a TCG guest) for the whole package deadline.
 	parentDigest := ask(t, rt, src, "d0", "digest")
 
-	forks := doForkWith(t, rt, src, fork.Options{HugePages: true, RestoreOptions: fork.RestoreOptions{N: 20}})
+	recs, snap, err := fork.Fork(ctx, rt, src, fork.Options{Copy: true, RestoreOptions: fork.RestoreOptions{N: 20}})
+	if err != nil {
+		t.Fatalf("fork %s: %v", src.ID, err)
+	}
+	forks := make([]*store.Container, len(recs))
+	for i, r := range recs {
+		forks[i] = testutil.MustGet(t, rt, r.ID)
+	}
 	fam := forks[0].Family
 	famBytes := fork.FamilyBytes(fam)
 	if famBytes < 250<<20 || famBytes > 300<<20 {
 		t.Errorf("family memory files hold %d MB, want the 256 MB heap once", famBytes>>20)
 	}
-	// With huge pages asked for, wherever the kernel has huge tmpfs pages the heap's memory
-	// file is made of them and forks map it in 2 MiB pages.
+	// By default, wherever the kernel has huge tmpfs pages the heap's memory file is made
+	// of them (allocated before the copy, not collapsed after it) and forks map it in
+	// 2 MiB pages.
 	_, thp := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 	huge := thp == nil
+	if snap.Memfile == nil || (huge && snap.Memfile.HugePages < 100) {
+		t.Errorf("rewrite %+v: want the 256 MB heap's dense stretches made huge pages", snap.Memfile)
+	}
 	time.Sleep(time.Second)
 	for _, f := range forks {
 		in := rt.Inspect(f)

@@ -32,8 +32,8 @@ type Options struct {
 	// (the behaviour before the swap became the default): every later fork dumps its whole
 	// heap again, and forks see other inode numbers than the source.
 	Copy bool
-	// HugePages: see memfile.Options.HugePages.
-	HugePages bool
+	// SmallPages: see memfile.Options.SmallPages (the swap's preallocation too).
+	SmallPages bool
 	// KSM marks the forks' memory mergeable (memfile.Options.KSM): opt-in per tree.
 	KSM bool
 }
@@ -93,7 +93,7 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 		o.Service = svc
 	}
 	// Transient: GC drops the snapshot if this process dies.
-	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true})
+	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true, SmallPages: o.SmallPages})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -110,7 +110,7 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 	}()
 	endMemfile := trace.Step(ctx, "memfile: move the memory into the family's files")
 	// The snapshot is removed once the forks run: nobody reads its shared-page count.
-	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages, KSM: o.KSM, SkipSharedCount: !o.Share})
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, SmallPages: o.SmallPages, KSM: o.KSM, SkipSharedCount: !o.Share})
 	endMemfile()
 	if o.Share {
 		// The source is gone since the dump: bring it back first, from the memory files
@@ -287,7 +287,7 @@ func serviceForSwap(ctx context.Context, rt *container.Runtime, have *criu.Servi
 // rewrite, the source moved onto the snapshot (Swap), then the forks. The source is never
 // lost: until Swap has a new source running, any failure thaws the old one as it was.
 func forkSwapped(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, o Options) ([]stage.Fork, *stage.Snapshot, error) {
-	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages, KSM: o.KSM})
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, SmallPages: o.SmallPages, KSM: o.KSM})
 	if err != nil {
 		err = errors.Join(err, undoSwapDump(c, s))
 		_ = RemoveSnapshot(s)

@@ -21,9 +21,10 @@ import (
 // The pages come from a container, so the total is capped by the anonymous memory its
 // group is charged for: a forged or sprawling address space (huge mappings, the zero page
 // mapped everywhere) cannot make the host allocate more than the container already holds.
-// Best effort: whatever fails, the rewrite writes into fresh pages as without it. It
-// returns the bytes allocated and the huge pages among them.
-func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot) (int64, int) {
+// Best effort: whatever fails, the rewrite writes into fresh pages as without it. With
+// hugePages, dense 2 MiB stretches are huge pages. It returns the bytes allocated and the
+// huge pages among them.
+func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot, hugePages bool) (int64, int) {
 	st, err := cg.Stats()
 	if err != nil || st.Rss == 0 {
 		return 0, 0
@@ -50,7 +51,7 @@ func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot) (int64, int) {
 		if err != nil || pages == 0 {
 			continue
 		}
-		n, h, err := memfile.Preallocate(filepath.Join(s.FamilyDir, memfile.PreallocName(s.ID, nspid)), runs)
+		n, h, err := memfile.Preallocate(filepath.Join(s.FamilyDir, memfile.PreallocName(s.ID, nspid)), runs, hugePages)
 		total += n
 		huge += h
 		budget -= pages
@@ -75,10 +76,10 @@ func dropPrealloc(s *stage.Snapshot) {
 }
 
 // preallocTimed runs preallocate and records it in s's dump statistics.
-func preallocTimed(cg *cgroup.Cgroup, s *stage.Snapshot) (int64, int, time.Duration) {
+func preallocTimed(cg *cgroup.Cgroup, s *stage.Snapshot, huge bool) (int64, int, time.Duration) {
 	t := time.Now()
-	n, huge := preallocate(cg, s)
-	return n, huge, time.Since(t)
+	n, made := preallocate(cg, s, huge)
+	return n, made, time.Since(t)
 }
 
 // sweepZeroPages frees, in the background, the all-zero pages of the memory files m's

@@ -13,9 +13,9 @@ import (
 
 // PrepareOptions tune Prepare.
 type PrepareOptions struct {
-	Force     bool // see Options.Force
-	HugePages bool // see memfile.Options.HugePages
-	KSM       bool // see Options.KSM: a ksm tree's keyframes
+	Force      bool // see Options.Force
+	SmallPages bool // see memfile.Options.SmallPages
+	KSM        bool // see Options.KSM: a ksm tree's keyframes
 }
 
 // Prepare writes a keyframe of running c now: c is dumped, its memory moved into memory
@@ -32,11 +32,11 @@ func Prepare(ctx context.Context, rt *container.Runtime, c *store.Container, o P
 	}
 	svc, stop := serviceForSwap(ctx, rt, nil)
 	defer stop()
-	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Swap: true})
+	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Swap: true, SmallPages: o.SmallPages})
 	if err != nil {
 		return nil, err
 	}
-	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages, KSM: o.KSM})
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, SmallPages: o.SmallPages, KSM: o.KSM})
 	if err != nil {
 		if s.Swap {
 			err = errors.Join(err, undoSwapDump(c, s))

@@ -1,9 +1,9 @@
 package memfile
 
 import (
+	"context"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -13,68 +13,16 @@ import (
 // through 4 KiB pages costs it a 4 KiB page-table page (~0.45 MB for a working fork of a
 // 256 MiB heap). A stretch that is one huge page in the file's page cache is mapped by a
 // single PMD instead, at no cost, once the file offset and the address agree modulo 2 MiB
-// (vmaInfo.off). MADV_COLLAPSE makes such a page from written small pages whatever the
-// tmpfs's huge= setting, so the state tmpfs needs no special mount; the forks' own faults
-// on holes still allocate small pages there. Only dense stretches are collapsed: a huge
-// page fills its holes with zeros, which would cost RAM for sparse memory.
+// (vmaInfo.off). So each dense stretch of a memory file is allocated as one zeroed huge
+// page before its data is written into it (makeHuge; MADV_COLLAPSE makes one whatever
+// the tmpfs's huge= setting, so the state tmpfs needs no special mount), by the rewrite
+// (hugeMaker, beside the copy) and by a swap's preallocation (Preallocate), and the data
+// is copied once, as into small pages. Only dense stretches: a huge page fills its holes
+// with zeros, which would cost RAM for sparse memory; the forks' own faults on holes
+// still allocate small pages.
 
 // denseFraction of a 2 MiB stretch must hold data for it to become a huge page.
 const denseFraction = 0.75
-
-// collapseDense makes each 2 MiB-aligned stretch of fd's [off, off+n) that is at least
-// denseFraction data one huge page, and returns how many it made. It is an optimisation
-// only: where the kernel cannot (no MADV_COLLAPSE, no free huge page) the stretch stays
-// in small pages and mapping it costs page tables, nothing else.
-func collapseDense(fd int, off, n int64) int {
-	first := (off + hugeAlign - 1) / hugeAlign * hugeAlign
-	end := (off + n) / hugeAlign * hugeAlign
-	var todo []int64
-	for b := first; b < end; b += hugeAlign {
-		if dense(fd, b) {
-			todo = append(todo, b-first)
-		}
-	}
-	if len(todo) == 0 {
-		return 0
-	}
-	// One shared mapping of the whole range, at an address that agrees with the file
-	// offsets modulo 2 MiB (the reservation is 2 MiB larger to find one).
-	size := end - first
-	res, err := unix.MmapPtr(-1, 0, nil, uintptr(size+hugeAlign), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
-	if err != nil {
-		return 0
-	}
-	defer unix.MunmapPtr(res, uintptr(size+hugeAlign))
-	aligned := unsafe.Add(res, -uintptr(res)&(hugeAlign-1))
-	addr, err := unix.MmapPtr(fd, first, aligned, uintptr(size), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_FIXED)
-	if err != nil {
-		return 0
-	}
-	// A collapse mostly waits (for a huge page, for other CPUs' LRU caches): several at
-	// once take about half the time of one after the other on 2 cores.
-	var made atomic.Int64
-	work := make(chan int64)
-	var wg sync.WaitGroup
-	for w := 0; w < min(collapseWorkers, len(todo)); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for p := range work {
-				if unix.Madvise(unsafe.Slice((*byte)(unsafe.Add(addr, p)), hugeAlign), unix.MADV_COLLAPSE) == nil {
-					made.Add(1)
-				}
-			}
-		}()
-	}
-	for _, p := range todo {
-		work <- p
-	}
-	close(work)
-	wg.Wait()
-	return int(made.Load())
-}
-
-const collapseWorkers = 8
 
 // denseStretches returns the 2 MiB-aligned stretches (their offsets, ascending) that the
 // sorted, disjoint ranges rs cover at least denseFraction of.
@@ -129,66 +77,127 @@ func mergeRuns(rs []PreallocRun) []PreallocRun {
 }
 
 // makeHuge makes each of the empty 2 MiB stretches of fd at offs (2 MiB-aligned,
-// ascending) one zeroed huge page: one page allocated in each (MADV_COLLAPSE needs a page
-// to start from; it fills the holes with zeros), then collapsed. Allocating and zeroing a
-// huge page is faster than 512 small ones, and so is writing into it. It returns the
-// stretches that became huge pages; the page allocated in the others is freed again.
+// ascending) one zeroed huge page and returns the stretches that became one; the others
+// stay empty.
 func makeHuge(fd int, offs []int64) map[int64]bool {
+	h := startHuge(context.Background(), fd, offs)
+	return h.finish()
+}
+
+// hugeMaker makes empty 2 MiB stretches of a file huge pages on makeHugeWorkers
+// goroutines, in ascending order, while its caller writes the file: the caller waits
+// (wait) for the stretches it is about to write, so that it writes into the huge pages
+// and allocating them costs the copy little time on a machine with a CPU to spare.
+type hugeMaker struct {
+	fd      int
+	batches [][]int64       // runs of adjacent stretches, one MADV_COLLAPSE each
+	batchOf map[int64]int   // stretch -> its index in batches
+	done    []chan struct{} // closed when the batch is finished (made or not)
+	mu      sync.Mutex
+	made    map[int64]bool
+	wg      sync.WaitGroup
+}
+
+// startHuge starts making the stretches at offs (2 MiB-aligned, ascending, empty) huge
+// pages of fd; finish must be called before fd is closed. A cancelled ctx leaves the
+// batches not yet started as they are.
+func startHuge(ctx context.Context, fd int, offs []int64) *hugeMaker {
+	h := &hugeMaker{fd: fd, batchOf: map[int64]int{}, made: map[int64]bool{}}
 	// Runs of adjacent stretches, at most makeHugeBatch each: one madvise call per run
 	// (each call drains every CPU's LRU cache once, waiting for each CPU), and
-	// collapseWorkers calls at once (zeroing is most of the time, and one CPU's worth
-	// of it leaves the other for the source, which runs meanwhile).
-	var runs [][]int64
+	// makeHugeWorkers calls at once (zeroing is most of the time, and one CPU's worth
+	// of it leaves the other for the writer, or for the source before a swap's freeze).
 	for i := 0; i < len(offs); {
 		j := i + 1
 		for j < len(offs) && j-i < makeHugeBatch && offs[j] == offs[j-1]+hugeAlign {
 			j++
 		}
-		var got []int64
 		for _, b := range offs[i:j] {
-			if unix.Fallocate(fd, unix.FALLOC_FL_KEEP_SIZE, b, pageSize) != nil {
-				break
-			}
-			got = append(got, b)
+			h.batchOf[b] = len(h.batches)
 		}
-		if len(got) > 0 {
-			runs = append(runs, got)
-		}
+		h.batches = append(h.batches, offs[i:j])
+		h.done = append(h.done, make(chan struct{}))
 		i = j
 	}
-	var mu sync.Mutex
-	huge := map[int64]bool{}
-	work := make(chan []int64)
-	var wg sync.WaitGroup
-	for w := 0; w < min(makeHugeWorkers, len(runs)); w++ {
-		wg.Add(1)
+	work := make(chan int)
+	for w := 0; w < min(makeHugeWorkers, len(h.batches)); w++ {
+		h.wg.Add(1)
 		go func() {
-			defer wg.Done()
-			for run := range work {
-				ok := collapseRange(fd, run[0], int64(len(run))*hugeAlign)
-				var made []int64
-				for _, b := range run {
-					// The call stops at the first stretch that fails: the rest one by one.
-					if ok || collapseRange(fd, b, hugeAlign) {
-						made = append(made, b)
-					} else {
-						_ = punchHole(fd, b, pageSize)
-					}
+			defer h.wg.Done()
+			for i := range work {
+				if ctx.Err() == nil {
+					h.makeBatch(h.batches[i])
 				}
-				mu.Lock()
-				for _, b := range made {
-					huge[b] = true
-				}
-				mu.Unlock()
+				close(h.done[i])
 			}
 		}()
 	}
-	for _, r := range runs {
-		work <- r
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		for i := range h.batches {
+			work <- i
+		}
+		close(work)
+	}()
+	return h
+}
+
+// makeBatch makes one run of adjacent empty stretches huge pages: one page allocated in
+// each (MADV_COLLAPSE needs a page to start from; it fills the holes with zeros), then
+// one collapse for the run. Allocating and zeroing a huge page is faster than 512 small
+// ones, and so is writing into it. The page allocated in a stretch that fails is freed
+// again: nothing else writes there before the batch is done (wait).
+func (h *hugeMaker) makeBatch(run []int64) {
+	var got []int64
+	for _, b := range run {
+		if unix.Fallocate(h.fd, unix.FALLOC_FL_KEEP_SIZE, b, pageSize) != nil {
+			break
+		}
+		got = append(got, b)
 	}
-	close(work)
-	wg.Wait()
-	return huge
+	if len(got) == 0 {
+		return
+	}
+	ok := collapseRange(h.fd, got[0], int64(len(got))*hugeAlign)
+	var made []int64
+	for _, b := range got {
+		// The call stops at the first stretch that fails: the rest one by one.
+		if ok || collapseRange(h.fd, b, hugeAlign) {
+			made = append(made, b)
+		} else {
+			_ = punchHole(h.fd, b, pageSize)
+		}
+	}
+	h.mu.Lock()
+	for _, b := range made {
+		h.made[b] = true
+	}
+	h.mu.Unlock()
+}
+
+// wait returns once no stretch that [off, off+n) touches is being made a huge page or
+// waiting to be.
+func (h *hugeMaker) wait(off, n int64) {
+	if h == nil || len(h.batches) == 0 || n <= 0 {
+		return
+	}
+	for b := off / hugeAlign * hugeAlign; b < off+n; b += hugeAlign {
+		if i, ok := h.batchOf[b]; ok {
+			<-h.done[i]
+		}
+	}
+}
+
+// finish waits for every batch and returns the stretches made huge pages.
+func (h *hugeMaker) finish() map[int64]bool {
+	if h == nil {
+		return nil
+	}
+	h.wg.Wait()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.made
 }
 
 const (
@@ -204,18 +213,12 @@ func collapseRange(fd int, off, n int64) bool {
 		return false
 	}
 	defer unix.MunmapPtr(res, uintptr(n+hugeAlign))
+	// One shared mapping at an address that agrees with the file offset modulo 2 MiB (the
+	// reservation is 2 MiB larger to find one).
 	aligned := unsafe.Add(res, -uintptr(res)&(hugeAlign-1))
 	addr, err := unix.MmapPtr(fd, off, aligned, uintptr(n), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_FIXED)
 	if err != nil {
 		return false
 	}
 	return unix.Madvise(unsafe.Slice((*byte)(addr), n), unix.MADV_COLLAPSE) == nil
-}
-
-// dense reports whether the 2 MiB stretch at off holds at least denseFraction data.
-func dense(fd int, off int64) bool {
-	var data int64
-	// A seek error ends the count: what was counted decides.
-	_ = DataExtents(fd, off, off+hugeAlign, func(d, h int64) error { data += h - d; return nil })
-	return float64(data) >= denseFraction*hugeAlign
 }

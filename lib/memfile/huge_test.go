@@ -3,55 +3,137 @@ package memfile
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
+	"unsafe"
 
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
 	"golang.org/x/sys/unix"
 )
 
-// Dense 2 MiB stretches become huge pages; sparse ones keep their holes (a huge page
-// would fill them with zeros, costing RAM); the bytes read back unchanged.
-func TestCollapseDense(t *testing.T) {
-	f, err := os.OpenFile(filepath.Join(shmDir(t), "anon.mem"), os.O_RDWR|os.O_CREATE, 0o600)
+// By default a rewrite makes each 2 MiB stretch of anonymous memory that is at least
+// 3/4 non-zero data one huge page before copying into it, wherever the kernel has huge
+// tmpfs pages; sparse stretches, and stretches dense only with dumped zero pages, keep
+// small pages and holes; the bytes read back unchanged; a fork maps the huge stretches
+// with PMDs. SmallPages keeps every stretch small.
+func TestRewriteMakesDenseStretchesHuge(t *testing.T) {
+	_, thp := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+	per := hugeAlign / pageSize // pages per stretch
+	// Stretch 0: all data; 1: 448 data pages then 64 dumped zero pages; 2: 300 data pages
+	// then 212 zero pages (dumped whole, but not dense with data); 3: 100 data pages.
+	data := []int64{per, 448, 300, 100}
+	dumped := []int64{per, per, per, 100}
+	content := func(s, i int64) []byte { return page(byte('a' + s*13 + i%11)) }
+	build := func(t *testing.T) (img, family string) {
+		img, family, _ = synthDirs(t, "lib")
+		tk := synthTask{pid: 1, vmas: []*vma.VmaEntry{vmaE(0, uint64(4*per), statusAnon, anonPrivateFlag, 0, 0)}}
+		for s := range data {
+			tk.pm = append(tk.pm, pmE(uint64(int64(s)*per), uint32(dumped[s])))
+			for i := int64(0); i < dumped[s]; i++ {
+				if i < data[s] {
+					tk.pages = append(tk.pages, content(int64(s), i)...)
+				} else {
+					tk.pages = append(tk.pages, page(0)...)
+				}
+			}
+		}
+		writeSynth(t, img, nil, tk)
+		return img, family
+	}
+	for _, small := range []bool{false, true} {
+		t.Run(fmt.Sprintf("small=%v", small), func(t *testing.T) {
+			img, family := build(t)
+			res, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, Prefix: "h", SmallPages: small})
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(family, "h-10000000-anon.mem")
+			wantHuge, wantBytes := 2, int64(2*hugeAlign+400*pageSize)
+			if small || thp != nil {
+				wantHuge, wantBytes = 0, (per+448+300+100)*pageSize
+			}
+			t.Logf("%d huge pages, %d bytes allocated", res.HugePages, allocated(t, path))
+			if res.HugePages != wantHuge || allocated(t, path) != wantBytes {
+				t.Errorf("%d huge pages, %d bytes allocated; want %d and %d (only the 2 stretches dense with data are huge)",
+					res.HugePages, allocated(t, path), wantHuge, wantBytes)
+			}
+			if res.BytesWritten != (per+448+300+100)*pageSize {
+				t.Errorf("%d bytes written, want the data pages once", res.BytesWritten)
+			}
+			at := base / ps
+			for s := range data {
+				for _, i := range []int64{0, data[s] - 1, min(data[s], per-1), per - 1} {
+					want := page(0)
+					if i < data[s] {
+						want = content(int64(s), i)
+					}
+					if got := readPage(t, path, at+uint64(int64(s)*per+i)); !bytes.Equal(got, want) {
+						t.Errorf("stretch %d page %d reads %q..., want %q...", s, i, got[:2], want[:2])
+					}
+				}
+			}
+			if !isHole(t, path, at+2*uint64(per)+300) {
+				t.Error("a zero page of a sparse stretch was allocated")
+			}
+			if pmd := pmdMapped(t, path, 4*hugeAlign); pmd != int64(wantHuge)*hugeAlign>>10 {
+				t.Errorf("a private mapping of the file maps %d kB with PMDs, want %d", pmd, int64(wantHuge)*hugeAlign>>10)
+			}
+		})
+	}
+}
+
+var readSink byte // reads stored here are not optimised away
+
+// pmdMapped maps path's first n bytes from base MAP_PRIVATE, read-only, at an address that
+// agrees with base modulo 2 MiB (as CRIU restores a memory file), reads a byte of each
+// 2 MiB, and returns the mapping's ShmemPmdMapped (kB) from /proc/self/smaps.
+func pmdMapped(t *testing.T, path string, n int64) int64 {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	data := bytes.Repeat([]byte("lazyfork"), hugeAlign/8)
-	// [0, 2M): one page; [2M, 4M): full; [4M, 6M): 7/8 full; [6M, 8M) half full.
-	writes := []struct{ off, n int64 }{{0, pageSize}, {hugeAlign, hugeAlign}, {2 * hugeAlign, hugeAlign * 7 / 8}, {3 * hugeAlign, hugeAlign / 2}}
-	for _, w := range writes {
-		if _, err := f.WriteAt(data[:w.n], w.off); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := f.Truncate(AnonFileSize); err != nil {
+	res, err := unix.MmapPtr(-1, 0, nil, uintptr(n+hugeAlign), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
 		t.Fatal(err)
 	}
-	made := collapseDense(int(f.Fd()), 0, 4*hugeAlign)
-	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled"); err == nil && made != 2 {
-		t.Errorf("collapsed %d stretches, want the 2 dense ones", made)
-	}
-	t.Logf("collapsed %d stretches", made)
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+	defer unix.MunmapPtr(res, uintptr(n+hugeAlign))
+	aligned := unsafe.Add(res, -uintptr(res)&(hugeAlign-1))
+	addr, err := unix.MmapPtr(int(f.Fd()), int64(base), aligned, uintptr(n), unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_FIXED)
+	if err != nil {
 		t.Fatal(err)
 	}
-	// Data: 4 KiB + 2 MiB + 1.75 MiB + 1 MiB; the 7/8 stretch's holes become RAM (+0.25 MiB).
-	if got, want := st.Blocks*512, int64(pageSize+hugeAlign*5/2); got != want {
-		t.Errorf("file holds %d bytes of RAM, want %d: only the dense stretches may grow", got, want)
+	m := unsafe.Slice((*byte)(addr), n)
+	for off := int64(0); off < n; off += hugeAlign {
+		readSink += m[off]
 	}
-	for _, w := range writes {
-		got := make([]byte, w.n)
-		if _, err := f.ReadAt(got, w.off); err != nil || !bytes.Equal(got, data[:w.n]) {
-			t.Errorf("bytes at %d changed (%v)", w.off, err)
+	b, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := fmt.Sprintf("%x-", uintptr(addr))
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		if strings.Contains(fields[0], "-") && len(fields) >= 5 {
+			in = strings.HasPrefix(fields[0], head)
+			continue
+		}
+		if in && fields[0] == "ShmemPmdMapped:" {
+			v, _ := strconv.ParseInt(fields[1], 10, 64)
+			return v
 		}
 	}
-	hole := make([]byte, pageSize)
-	if _, err := f.ReadAt(hole, 2*hugeAlign+hugeAlign*7/8); err != nil || !bytes.Equal(hole, make([]byte, pageSize)) {
-		t.Errorf("a filled hole does not read as zeros (%v)", err)
-	}
+	t.Fatalf("no smaps entry for the mapping at %s", head)
+	return 0
 }
 
 // Preallocate makes each densely covered 2 MiB stretch one huge page, zeroed, and the
@@ -67,7 +149,7 @@ func TestPreallocateMakesDenseStretchesHuge(t *testing.T) {
 	}
 	_, thp := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 	path := filepath.Join(shmDir(t), "p.mem")
-	n, made, err := Preallocate(path, runs)
+	n, made, err := Preallocate(path, runs, true)
 	if err != nil {
 		t.Fatal(err)
 	}

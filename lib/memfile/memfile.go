@@ -62,13 +62,14 @@ var ErrAllocator = errors.New("image maps an allocator that relies on MADV_DONTN
 type Options struct {
 	CheckpointDir string // the checkpoint dir to rewrite in place (the caller's own copy)
 	FamilyDir     string // host dir on tmpfs where .mem files are created (O_EXCL)
-	// HugePages makes the dense 2 MiB stretches of anonymous memory huge pages (see
-	// huge.go): forks then map them without page tables (~0.4 MB less per working fork of
-	// a 256 MiB heap), for a slower rewrite (collapsing costs 0.5-5 ms per stretch).
+	// SmallPages keeps memory files in 4 KiB pages. By default each 2 MiB stretch of
+	// anonymous memory that is at least 3/4 non-zero data becomes one huge page, allocated
+	// before the data is copied into it (huge.go): forks map it without page tables (~0.4
+	// MB less per working fork of a 256 MiB heap), and the copy is still one copy.
 	// Preallocated files (Prealloc, Placed) have their dense stretches in huge pages
 	// already, made before the dump (Preallocate).
-	HugePages bool
-	MountPath string // in-container path of FamilyDir; "" means DefaultMountPath
+	SmallPages bool
+	MountPath  string // in-container path of FamilyDir; "" means DefaultMountPath
 	// RootFS is the host path of the dumped container's root, used to read the original
 	// bytes of file-backed VMAs (files.img names them relative to it); "" means "/".
 	RootFS string
@@ -124,7 +125,8 @@ type Result struct {
 	// CowSharedPages counts pages a process shared copy-on-write with its parent, left to
 	// its parent's memory file instead of being stored again (cow.go).
 	CowSharedPages int64 `json:"cow_shared_pages"`
-	// HugePages counts 2 MiB stretches of anonymous memory made huge pages (see huge.go).
+	// HugePages counts the 2 MiB stretches the rewrite made huge pages (see huge.go); a
+	// preallocated file's were made before the dump (stage.DumpStats.PreallocHugePages).
 	HugePages int `json:"huge_pages"`
 	// PreallocFiles counts memory files written into pages allocated before the dump
 	// (Options.Prealloc).

@@ -166,14 +166,14 @@ func ParsePreallocName(prefix, name string) (uint32, bool) {
 }
 
 // Preallocate creates path (O_EXCL, a memory file's size and mode) and allocates the
-// pages of runs in it at offset = address. Each 2 MiB stretch the runs cover densely
-// becomes one huge page (makeHuge) where the kernel can: the dump is written into it
+// pages of runs in it at offset = address. With huge, each 2 MiB stretch the runs cover
+// densely becomes one huge page (makeHuge) where the kernel can: the dump is written into it
 // faster than into small pages, and forks map it without page tables (huge.go); the
 // rest, and any stretch the kernel cannot make huge, is allocated in small pages. A full
 // tmpfs ends it early without an error: the pages not allocated are written into fresh
 // pages by the rewrite, as without it. It returns the bytes allocated and the huge pages
 // made.
-func Preallocate(path string, runs []PreallocRun) (int64, int, error) {
+func Preallocate(path string, runs []PreallocRun, huge bool) (int64, int, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o400)
 	if err != nil {
 		return 0, 0, fmt.Errorf("preallocate memory file: %w", err)
@@ -191,28 +191,31 @@ func Preallocate(path string, runs []PreallocRun) (int64, int, error) {
 	valid = mergeRuns(valid)
 	fd := int(f.Fd())
 	var n int64
-	huge := makeHuge(fd, denseStretches(valid))
-	n += int64(len(huge)) * hugeAlign
+	made := map[int64]bool{}
+	if huge {
+		made = makeHuge(fd, denseStretches(valid))
+	}
+	n += int64(len(made)) * hugeAlign
 	for _, r := range valid {
 		for at := r.Start; at < r.End; {
 			b := int64(at) / hugeAlign * hugeAlign
 			end := min(r.End, uint64(b+hugeAlign))
-			if huge[b] {
+			if made[b] {
 				at = end
 				continue
 			}
 			err := unix.Fallocate(fd, unix.FALLOC_FL_KEEP_SIZE, int64(at), int64(end-at))
 			if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EINTR) {
-				return n, len(huge), nil
+				return n, len(made), nil
 			}
 			if err != nil {
-				return n, len(huge), fmt.Errorf("preallocate memory file %s at %#x: %w", filepath.Base(path), at, err)
+				return n, len(made), fmt.Errorf("preallocate memory file %s at %#x: %w", filepath.Base(path), at, err)
 			}
 			n += int64(end - at)
 			at = end
 		}
 	}
-	return n, len(huge), nil
+	return n, len(made), nil
 }
 
 // punchOutside punches every page of fd outside keep (sorted, disjoint ranges of file

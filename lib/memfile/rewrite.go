@@ -1,6 +1,7 @@
 package memfile
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -45,7 +46,7 @@ type memFile struct {
 	id   uint32     // its files.img entry, shared by every VMA that maps it
 	// VMAs' offsets (vmaInfo.off) agree with their addresses modulo 2 MiB where memory is
 	// anonymous, so that a huge tmpfs page can be mapped whole (one PMD, no page-table page).
-	hugePages int  // 2 MiB stretches collapsed into huge pages
+	hugePages int  // 2 MiB stretches made huge pages by the rewrite (huge.go)
 	prealloc  bool // renamed from a Preallocate file: pages outside the data are punched
 	placed    bool // renamed from the process's placed file: its dumped pages are in it
 	pieces    []piece
@@ -433,36 +434,64 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 	}
 	defer f.Close()
 	fd := int(f.Fd())
-	// Base bytes first (a library's, or a family file's for rebased VMAs), then the dumped
+	// A fresh file's dense stretches become huge pages while it is written, ahead of the
+	// copy (huge.go); a preallocated or placed file has them already.
+	var huge *hugeMaker
+	if !r.opts.SmallPages && !mf.prealloc {
+		plan, err := r.hugePlan(mf, pages)
+		if err != nil {
+			return err
+		}
+		huge = startHuge(ctx, fd, plan)
+		defer huge.finish() // before the file is closed
+	}
+	// VMA by VMA, in address order (so the copy follows the huge pages' allocation): base
+	// bytes first (a library's, or a family file's for a rebased VMA), then the dumped
 	// pages over them.
-	for _, v := range mf.vmas {
+	pieces := map[*vmaInfo][]piece{}
+	for _, p := range mf.pieces {
+		v := mf.t.vmas[p.vma]
+		pieces[v] = append(pieces[v], p)
+	}
+	vmas := append([]*vmaInfo(nil), mf.vmas...)
+	sort.Slice(vmas, func(i, j int) bool { return vmas[i].off < vmas[j].off })
+	for _, v := range vmas {
+		length := int64(v.e.GetEnd() - v.e.GetStart())
 		var err error
 		switch {
 		case v.act != actFile && v.act != actRebase:
 		case mf.placed:
 			err = r.copyBaseAround(fd, mf, v)
 		case v.act == actFile:
-			err = r.copyLibrary(fd, mf, v, 0, int64(v.e.GetEnd()-v.e.GetStart()))
+			huge.wait(v.off, length)
+			err = r.copyLibrary(fd, mf, v, 0, length)
 		default:
-			err = r.copyFamily(fd, mf, v, 0, int64(v.e.GetEnd()-v.e.GetStart()))
+			huge.wait(v.off, length)
+			err = r.copyFamily(fd, mf, v, 0, length)
 		}
 		if err != nil {
 			return err
 		}
-	}
-	for _, p := range mf.pieces {
 		if mf.placed {
-			break // in place already
+			continue // its dumped pages are in place already
 		}
-		v := mf.t.vmas[p.vma]
-		dst := v.off + int64(p.vaddr-v.e.GetStart())
-		src := pages[p.src : p.src+p.n*pageSize]
-		// A zero page over base bytes must punch a hole; over anonymous memory the file
-		// is a hole already, unless it was preallocated.
-		n, err := writePages(ctx, fd, src, dst, v.act != actAnon || mf.prealloc)
-		mf.written += n
-		if err != nil {
-			return fmt.Errorf("write memory file %s: %w", mf.name, err)
+		for _, p := range pieces[v] {
+			dst := v.off + int64(p.vaddr-v.e.GetStart())
+			src := pages[p.src : p.src+p.n*pageSize]
+			// A zero page over base bytes must punch a hole; over anonymous memory the
+			// file is a hole already (or a zeroed huge page), unless it was preallocated.
+			punch := v.act != actAnon || mf.prealloc
+			// 2 MiB at a time, each once its stretch is ready.
+			for off := int64(0); off < int64(len(src)); {
+				end := min(int64(len(src)), (dst+off)/hugeAlign*hugeAlign+hugeAlign-dst)
+				huge.wait(dst+off, end-off)
+				n, err := writePages(ctx, fd, src[off:end], dst+off, punch)
+				mf.written += n
+				if err != nil {
+					return fmt.Errorf("write memory file %s: %w", mf.name, err)
+				}
+				off = end
+			}
 		}
 	}
 	// A placed file still holds the pages that stay in the checkpoint: punched once the
@@ -472,19 +501,63 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 			return fmt.Errorf("write memory file %s: %w", mf.name, err)
 		}
 	}
-	if r.opts.HugePages {
-		for _, v := range mf.vmas {
-			if v.act != actFile {
-				mf.hugePages += collapseDense(fd, v.off, int64(v.e.GetEnd()-v.e.GetStart()))
-			}
-		}
-	}
+	mf.hugePages = len(huge.finish())
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("stat memory file %s: %w", mf.name, err)
 	}
 	mf.bytes = st.Blocks * 512
 	return nil
+}
+
+// hugePlan returns the 2 MiB stretches of mf (ascending) that will hold at least
+// denseFraction data: its anonymous and rebased VMAs' non-zero dumped pages (a zero page
+// stays a hole in small pages: a huge page would hold it in RAM) and a rebased VMA's
+// family-file data. Copies of file mappings are left out: small, and read through their
+// own mappings. Testing a page for zeros reads up to its first non-zero byte: little of
+// a data page, and the pages are read again by the copy anyway.
+func (r *rewriter) hugePlan(mf *memFile, pages []byte) ([]int64, error) {
+	var rs []PreallocRun
+	add := func(start, end uint64) {
+		if k := len(rs); k > 0 && rs[k-1].End == start {
+			rs[k-1].End = end
+			return
+		}
+		rs = append(rs, PreallocRun{start, end})
+	}
+	for _, v := range mf.vmas {
+		if v.act != actRebase {
+			continue
+		}
+		fam, err := r.openFamily(v.family)
+		if err != nil {
+			return nil, err
+		}
+		pgoff := int64(v.e.GetPgoff())
+		err = DataExtents(int(fam.Fd()), pgoff, pgoff+int64(v.e.GetEnd()-v.e.GetStart()), func(d, h int64) error {
+			add(uint64(v.off+d-pgoff), uint64(v.off+h-pgoff))
+			return nil
+		})
+		fam.Close()
+		if err != nil {
+			return nil, fmt.Errorf("scan family file %s: %w", v.family, err)
+		}
+	}
+	for _, p := range mf.pieces {
+		v := mf.t.vmas[p.vma]
+		if v.act != actAnon && v.act != actRebase {
+			continue
+		}
+		dst := uint64(v.off) + p.vaddr - v.e.GetStart()
+		src := pages[p.src : p.src+p.n*pageSize]
+		_ = unix.Madvise(src, unix.MADV_POPULATE_READ) // as writePages: one call, not a fault per 64 kB
+		for i := int64(0); i < p.n; i++ {
+			if !bytes.Equal(src[i*pageSize:(i+1)*pageSize], zeroPage) {
+				add(dst+uint64(i*pageSize), dst+uint64((i+1)*pageSize))
+			}
+		}
+	}
+	return denseStretches(mergeRuns(rs)), nil
 }
 
 // dataRanges are the sorted, merged file ranges fillOne writes in mf: the pages of its

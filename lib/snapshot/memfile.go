@@ -27,8 +27,8 @@ type MemfileOptions struct {
 	NoFilePrivate bool
 	// Rebase forces (true) a rebase; nil decides by RebaseFraction.
 	Rebase *bool
-	// HugePages: see memfile.Options.HugePages.
-	HugePages bool
+	// SmallPages: see memfile.Options.SmallPages.
+	SmallPages bool
 	// KSM: see memfile.Options.KSM (a ksm tree's forks).
 	KSM bool
 	// SkipSharedCount: see memfile.Options.SkipSharedCount (a fork's transient snapshot).
@@ -101,7 +101,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 		Prefix:             s.ID,
 		Rebase:             rebase,
 		AllowAllocators:    o.Force,
-		HugePages:          o.HugePages,
+		SmallPages:         o.SmallPages,
 		KSM:                o.KSM,
 		SkipSharedCount:    o.SkipSharedCount,
 	})
