@@ -156,8 +156,16 @@ print("ready", flush=True)
 	// 2 MiB pages.
 	_, thp := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 	huge := thp == nil
-	if snap.Memfile == nil || (huge && snap.Memfile.HugePages < 100) {
-		t.Errorf("rewrite %+v: want the 256 MB heap's dense stretches made huge pages", snap.Memfile)
+	// A stretch whose allocation fell behind the copy stays in small pages (huge.go): the
+	// page tables allowed grow by 4 kB for each.
+	left := 0
+	if snap.Memfile != nil {
+		left = snap.Memfile.HugePagesLeft
+	}
+	if m := snap.Memfile; m == nil || (huge && (m.HugePages == 0 || m.HugePages+m.HugePagesLeft < 120)) {
+		t.Errorf("rewrite %+v: want the 256 MB heap's dense stretches made huge pages", m)
+	} else {
+		t.Logf("rewrite: %d huge pages, %d dense stretches left in small pages, %.0f ms", m.HugePages, m.HugePagesLeft, m.Ms)
 	}
 	time.Sleep(time.Second)
 	for _, f := range forks {
@@ -174,7 +182,7 @@ print("ready", flush=True)
 		}
 		// The digest read the whole heap: in 4 KiB pages that takes >= 512 kB of page
 		// tables (one 4 KiB table per 2 MiB), in huge pages almost none.
-		if pte := vmPTEkB(t, f.Pid); huge && pte >= 256 {
+		if pte := vmPTEkB(t, f.Pid); huge && pte >= 256+4*left {
 			t.Errorf("fork %s has %d kB of page tables after reading its 256 MB heap: not mapped in huge pages", f.ID, pte)
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sort"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -86,30 +88,46 @@ func makeHuge(fd int, offs []int64) map[int64]bool {
 
 // hugeMaker makes empty 2 MiB stretches of a file huge pages on makeHugeWorkers
 // goroutines, in ascending order, while its caller writes the file: the caller waits
-// (wait) for the stretches it is about to write, so that it writes into the huge pages
-// and allocating them costs the copy little time on a machine with a CPU to spare.
+// (wait) for the stretches it is about to write, so that it writes into the huge pages,
+// and allocating them costs the copy little time when the allocation keeps ahead. When it
+// does not (a fresh huge page waits on the host behind a VM's free-page-reporting balloon,
+// or the other CPU is busy), the stretches not yet started are left to small pages:
+// the copy waits about hugeWaitShare of its time for them at most.
 type hugeMaker struct {
 	fd      int
 	batches [][]int64       // runs of adjacent stretches, one MADV_COLLAPSE each
 	batchOf map[int64]int   // stretch -> its index in batches
-	done    []chan struct{} // closed when the batch is finished (made or not)
+	state   []atomic.Int32  // batchPending, batchMaking, batchDone, batchDropped
+	done    []chan struct{} // closed when the batch is made (or not) or dropped
 	mu      sync.Mutex
 	made    map[int64]bool
 	wg      sync.WaitGroup
+	start   time.Time
+	waited  time.Duration // the writer's time in wait
+	dropped int           // stretches left to small pages
 }
+
+const (
+	batchPending = iota
+	batchMaking
+	batchDone
+	batchDropped
+)
 
 // startHuge starts making the stretches at offs (2 MiB-aligned, ascending, empty) huge
 // pages of fd; finish must be called before fd is closed. A cancelled ctx leaves the
 // batches not yet started as they are.
 func startHuge(ctx context.Context, fd int, offs []int64) *hugeMaker {
-	h := &hugeMaker{fd: fd, batchOf: map[int64]int{}, made: map[int64]bool{}}
-	// Runs of adjacent stretches, at most makeHugeBatch each: one madvise call per run
-	// (each call drains every CPU's LRU cache once, waiting for each CPU), and
-	// makeHugeWorkers calls at once (zeroing is most of the time, and one CPU's worth
-	// of it leaves the other for the writer, or for the source before a swap's freeze).
+	h := &hugeMaker{fd: fd, batchOf: map[int64]int{}, made: map[int64]bool{}, start: time.Now()}
+	// Runs of adjacent stretches: one madvise call per run (each call drains every CPU's
+	// LRU cache once, waiting for each CPU), makeHugeWorkers calls at once (zeroing is
+	// most of the time, and one CPU's worth of it leaves the other for the writer, or
+	// for the source before a swap's freeze). The first runs are short, so that the
+	// writer starts soon and a slow allocation shows soon; then up to makeHugeBatch.
+	size := 1
 	for i := 0; i < len(offs); {
 		j := i + 1
-		for j < len(offs) && j-i < makeHugeBatch && offs[j] == offs[j-1]+hugeAlign {
+		for j < len(offs) && j-i < size && offs[j] == offs[j-1]+hugeAlign {
 			j++
 		}
 		for _, b := range offs[i:j] {
@@ -117,29 +135,33 @@ func startHuge(ctx context.Context, fd int, offs []int64) *hugeMaker {
 		}
 		h.batches = append(h.batches, offs[i:j])
 		h.done = append(h.done, make(chan struct{}))
+		if len(h.batches)%makeHugeWorkers == 0 {
+			size = min(2*size, makeHugeBatch)
+		}
 		i = j
 	}
-	work := make(chan int)
+	h.state = make([]atomic.Int32, len(h.batches))
+	var next atomic.Int64
 	for w := 0; w < min(makeHugeWorkers, len(h.batches)); w++ {
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
-			for i := range work {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(h.batches) {
+					return
+				}
+				if !h.state[i].CompareAndSwap(batchPending, batchMaking) {
+					continue // dropped: the writer closed it
+				}
 				if ctx.Err() == nil {
 					h.makeBatch(h.batches[i])
 				}
+				h.state[i].Store(batchDone)
 				close(h.done[i])
 			}
 		}()
 	}
-	h.wg.Add(1)
-	go func() {
-		defer h.wg.Done()
-		for i := range h.batches {
-			work <- i
-		}
-		close(work)
-	}()
 	return h
 }
 
@@ -177,19 +199,43 @@ func (h *hugeMaker) makeBatch(run []int64) {
 }
 
 // wait returns once no stretch that [off, off+n) touches is being made a huge page or
-// waiting to be.
+// waiting to be. Once the writer has waited more than hugeWaitShare of its time, the
+// stretches not started yet are given up (left to small pages).
 func (h *hugeMaker) wait(off, n int64) {
 	if h == nil || len(h.batches) == 0 || n <= 0 {
 		return
 	}
 	for b := off / hugeAlign * hugeAlign; b < off+n; b += hugeAlign {
-		if i, ok := h.batchOf[b]; ok {
-			<-h.done[i]
+		i, ok := h.batchOf[b]
+		if !ok {
+			continue
+		}
+		if h.behind() {
+			h.drop(i)
+		}
+		t := time.Now()
+		<-h.done[i]
+		h.waited += time.Since(t)
+	}
+}
+
+// behind reports whether the writer has waited for the allocation longer than it may.
+func (h *hugeMaker) behind() bool {
+	return h.waited > hugeWaitFloor && float64(h.waited) > hugeWaitShare*float64(time.Since(h.start))
+}
+
+// drop leaves batch i and every later batch not yet started to small pages.
+func (h *hugeMaker) drop(i int) {
+	for ; i < len(h.batches); i++ {
+		if h.state[i].CompareAndSwap(batchPending, batchDropped) {
+			h.dropped += len(h.batches[i])
+			close(h.done[i])
 		}
 	}
 }
 
-// finish waits for every batch and returns the stretches made huge pages.
+// finish waits for every batch and returns the stretches made huge pages (the writer
+// reads dropped after it).
 func (h *hugeMaker) finish() map[int64]bool {
 	if h == nil {
 		return nil
@@ -201,8 +247,11 @@ func (h *hugeMaker) finish() map[int64]bool {
 }
 
 const (
-	makeHugeBatch   = 16 // stretches per MADV_COLLAPSE call: 32 MiB
+	makeHugeBatch   = 16 // stretches per MADV_COLLAPSE call at most: 32 MiB
 	makeHugeWorkers = 2
+	// The writer may wait for huge pages hugeWaitShare of its time, beyond hugeWaitFloor.
+	hugeWaitShare = 0.1
+	hugeWaitFloor = 5 * time.Millisecond
 )
 
 // collapseRange collapses fd's [off, off+n) (2 MiB-aligned) into huge pages with one

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
@@ -230,4 +231,36 @@ func allocated(t *testing.T, path string) int64 {
 		t.Fatal(err)
 	}
 	return st.Blocks * 512
+}
+
+// A writer that has waited too long for the huge pages gives up the stretches not started
+// yet: they stay empty, for small pages; the others are made; finish accounts for all.
+func TestHugeMakerGivesUpWhenBehind(t *testing.T) {
+	f, err := os.OpenFile(filepath.Join(shmDir(t), "g.mem"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(AnonFileSize); err != nil {
+		t.Fatal(err)
+	}
+	var offs []int64
+	for i := int64(0); i < 64; i++ {
+		offs = append(offs, int64(base)+i*hugeAlign)
+	}
+	h := startHuge(context.Background(), int(f.Fd()), offs)
+	h.waited = time.Hour // as if the writer had waited all along
+	h.wait(offs[0], 64*hugeAlign)
+	made := h.finish()
+	t.Logf("%d made, %d given up", len(made), h.dropped)
+	if h.dropped == 0 || len(made)+h.dropped > 64 {
+		t.Errorf("%d made and %d given up of 64 stretches: want some given up, none counted twice", len(made), h.dropped)
+	}
+	_, thp := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+	if thp == nil && len(made)+h.dropped != 64 {
+		t.Errorf("%d made and %d given up of 64 stretches", len(made), h.dropped)
+	}
+	if got := allocated(t, f.Name()); got != int64(len(made))*hugeAlign {
+		t.Errorf("%d bytes allocated, want the %d stretches made and nothing in those given up", got, len(made))
+	}
 }

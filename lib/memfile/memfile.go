@@ -128,6 +128,9 @@ type Result struct {
 	// HugePages counts the 2 MiB stretches the rewrite made huge pages (see huge.go); a
 	// preallocated file's were made before the dump (stage.DumpStats.PreallocHugePages).
 	HugePages int `json:"huge_pages"`
+	// HugePagesLeft counts dense stretches left in small pages because making them huge
+	// fell behind the copy (huge.go: the copy waits for it a tenth of its time at most).
+	HugePagesLeft int `json:"huge_pages_left,omitempty"`
 	// PreallocFiles counts memory files written into pages allocated before the dump
 	// (Options.Prealloc).
 	PreallocFiles int           `json:"prealloc_files,omitempty"`

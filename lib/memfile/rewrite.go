@@ -47,6 +47,7 @@ type memFile struct {
 	// VMAs' offsets (vmaInfo.off) agree with their addresses modulo 2 MiB where memory is
 	// anonymous, so that a huge tmpfs page can be mapped whole (one PMD, no page-table page).
 	hugePages int  // 2 MiB stretches made huge pages by the rewrite (huge.go)
+	hugeLeft  int  // dense stretches left in small pages: their allocation fell behind
 	prealloc  bool // renamed from a Preallocate file: pages outside the data are punched
 	placed    bool // renamed from the process's placed file: its dumped pages are in it
 	pieces    []piece
@@ -388,6 +389,7 @@ func (r *rewriter) fill(ctx context.Context) error {
 	for _, mf := range r.files {
 		r.res.BytesWritten += mf.written
 		r.res.HugePages += mf.hugePages
+		r.res.HugePagesLeft += mf.hugeLeft
 	}
 	return nil
 }
@@ -502,6 +504,9 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 		}
 	}
 	mf.hugePages = len(huge.finish())
+	if huge != nil {
+		mf.hugeLeft = huge.dropped
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("stat memory file %s: %w", mf.name, err)

@@ -113,7 +113,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 	s.Memfile = &stage.MemfileStats{
 		Files: len(res.Files), VMAsConverted: res.VMAsConverted, FileVMAsConverted: res.FileVMAsConverted,
 		PagesMoved: res.PagesMoved, PagesKept: res.PagesKept, SharedPages: res.SharedPages,
-		DeltaPages: res.DeltaPages, Rebased: res.VMAsRebased > 0, BytesWritten: res.BytesWritten, HugePages: res.HugePages,
+		DeltaPages: res.DeltaPages, Rebased: res.VMAsRebased > 0, BytesWritten: res.BytesWritten, HugePages: res.HugePages, HugePagesLeft: res.HugePagesLeft,
 		PreallocFiles: res.PreallocFiles,
 		Ms:            stage.Ms(res.Duration), MBPerSec: res.MBPerSec,
 	}
