@@ -450,6 +450,19 @@ func (c *Cgroup) FreezerDir() string {
 	return d
 }
 
+// AllProcsFiles is ProcsFiles with the devices hierarchy's (v1) included: for a criu
+// that clones the tree straight into the group and places it nowhere else
+// (criu.RestoreOptions.JoinCgroupAll).
+func (c *Cgroup) AllProcsFiles() []string {
+	var out []string
+	for _, k := range c.keys() {
+		if dir, err := c.dir(k); err == nil {
+			out = append(out, filepath.Join(dir, "cgroup.procs"))
+		}
+	}
+	return out
+}
+
 // ProcsFiles lists the group's cgroup.procs file in every hierarchy: a process that
 // writes "0" to each joins the group (how criu is put in a fork's group before it
 // clones the fork's tasks, so their kernel allocations are charged to the fork).

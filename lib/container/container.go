@@ -374,9 +374,10 @@ func (r *Runtime) ReserveN(n int, names []string, fill func(*store.Container) er
 			taken[name] = id
 		}
 	}
-	// Each record is fsynced: written side by side, the syncs overlap.
+	// Each record is fsynced: written side by side, the syncs share journal commits (a
+	// batch of 1,000 waited for 125 commits 8 at a time).
 	var g errgroup.Group
-	g.SetLimit(8)
+	g.SetLimit(64)
 	for _, c := range out {
 		g.Go(func() error { return r.Containers.Put(c) })
 	}

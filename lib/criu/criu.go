@@ -199,7 +199,12 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		// A service restores detached under its worker (it refuses rst_sibling); the
 		// worker's exit hands the root to us, the subreaper.
 		opts.RstSibling = nil
-		res, err = o.Service.call(ctx, req, o.JoinCgroup, o.Notify)
+		join := o.JoinCgroup
+		if len(o.JoinCgroupAll) > 0 && CheckpointCgroupsFlat(o.CheckpointDir) {
+			ignore := rpc.CriuCgMode_IGNORE
+			opts.ManageCgroupsMode, join = &ignore, o.JoinCgroupAll
+		}
+		res, err = o.Service.call(ctx, req, join, o.Notify)
 		endForget := trace.Step(ctx, "criu service: detach the root mount")
 		o.Service.forget(o.Root)
 		endForget()

@@ -174,7 +174,15 @@ type RestoreOptions struct {
 	// memory of cloning the tree (task structs, stacks, namespaces) is charged to the
 	// restored tree's group rather than to the caller's.
 	JoinCgroup []string
-	Notify     NotifyFunc
+	// JoinCgroupAll, when set, lists the cgroup.procs files of every hierarchy of the
+	// tree's new groups, the device allow-list's included. A restore the service serves
+	// then puts its worker in all of them and, when the checkpoint's cgroups are flat
+	// (CheckpointCgroupsFlat), leaves cgroups to the clone (CgroupIgnore): criu no longer
+	// checks each hierarchy's group, moves the root task into each again and restores
+	// nothing there (LazyFork sets the limits). On cgroup v2 the worker is already under
+	// the allow-list (its eBPF program is attached to the one group it joins).
+	JoinCgroupAll []string
+	Notify        NotifyFunc
 	// Hold is kept open by criu until it exits (the caller's state lock): a criu that
 	// outlives a killed caller still holds it, so GC waits for it (swrk only).
 	Hold *os.File

@@ -176,11 +176,13 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 			case <-ctx.Done():
 				return
 			}
-			defer func() { <-sem }()
+			var once sync.Once
+			release := func() { once.Do(func() { <-sem }) }
+			defer release()
 			if ctx.Err() != nil {
 				return
 			}
-			f, err := restoreOne(ctx, rt, s, svc, hold, forks[i], o.Hook, o.NetNS)
+			f, err := restoreOne(ctx, rt, s, svc, hold, forks[i], o.Hook, o.NetNS, release)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -240,15 +242,20 @@ func makeDumpedFamily(s *stage.Snapshot) error {
 
 // restoreOne starts the reserved fork c; the batch deletes it if anything fails. Its
 // restore_ms runs from here (its record was written with the batch's) to running.
-func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *store.Container, h hook.Options, netns string) (stage.Fork, error) {
+// release gives the batch's restore slot back once the tree runs: waiting for the fork's
+// runtime to answer RESEED and writing its record need no CPU of the batch's and must not
+// hold the next fork back.
+func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *store.Container, h hook.Options, netns string, release func()) (stage.Fork, error) {
 	begin := time.Now()
 	ctx, end := trace.Start(ctx, "fork "+c.ID)
 	defer end()
-	if err := startIn(ctx, rt, c, s, c.Upper, c.ID, svc, hold, true, netns); err != nil {
+	err := startIn(ctx, rt, c, s, c.Upper, c.ID, svc, hold, true, netns)
+	release()
+	if err != nil {
 		return stage.Fork{}, err
 	}
 	endReseed := trace.Step(ctx, "hook: reseed")
-	err := hook.Reseed(ctx, c, h)
+	err = hook.Reseed(ctx, c, h)
 	endReseed()
 	if err != nil {
 		return stage.Fork{}, fmt.Errorf("fork %s: %w", c.ID, err)
@@ -264,8 +271,10 @@ func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, s
 	if s.SwapMs > 0 {
 		c.Timings["swap_ms"] = s.SwapMs
 	}
+	// Not synced: the record ReserveN synced names everything GC must clean, and the pid
+	// written now does not outlive a crash of the machine either (store.Update).
 	endPut := trace.Step(ctx, "write the record")
-	err = rt.Containers.Put(c)
+	err = rt.Containers.Update(c)
 	endPut()
 	if err != nil {
 		return stage.Fork{}, err
@@ -354,9 +363,12 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 		KdatDir:    kdatDir(),
 		Binary:     rt.CRIU,
 		JoinCgroup: cg.ProcsFiles(),
-		Service:    svc,
-		Hold:       hold,
-		NetNS:      netns,
+		// With the service, criu's worker joins every group of the fork and the tree is
+		// cloned into them; criu's own cgroup restore is skipped when the checkpoint allows.
+		JoinCgroupAll: cg.AllProcsFiles(),
+		Service:       svc,
+		Hold:          hold,
+		NetNS:         netns,
 		Notify: func(script string, pid int) error {
 			if pid <= 0 {
 				return nil

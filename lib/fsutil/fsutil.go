@@ -90,6 +90,44 @@ func WriteJSON(path string, v any) error {
 	return nil
 }
 
+// ReplaceJSON writes v as indented JSON over the existing file at path atomically (temp
+// file, rename: readers see the old or the new content) without waiting for the disk. Only
+// for a file whose earlier version was written with WriteJSON: until the next commit of the
+// file system a crash of the machine may bring back that version, never a torn or empty
+// file (ext4 allocates the blocks of a file renamed over another at the rename, as
+// auto_da_alloc does by default). An fsync costs a journal commit and a cache flush of the
+// disk: ~5 ms of waiting each on these hosts.
+func ReplaceJSON(path string, v any) (retErr error) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", path, err)
+	}
+	b = append(b, '\n')
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer func() {
+		if retErr != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	if err := f.Chmod(0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if _, err := f.Write(b); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
 // ReadJSON decodes the JSON file at path into v.
 func ReadJSON(path string, v any) error {
 	b, err := os.ReadFile(path)

@@ -184,6 +184,18 @@ func (s *Store) Put(c *Container) error {
 	return fsutil.WriteJSON(filepath.Join(s.Path(c.ID), "container.json"), c)
 }
 
+// Update rewrites the record of a container that Put wrote before, atomically, without
+// waiting for the disk (fsutil.ReplaceJSON): for changes a crash of the machine may lose,
+// such as the pid of a fork that did not outlive it either. Until the file system commits,
+// such a crash leaves the record Put wrote, which names everything GC must clean.
+func (s *Store) Update(c *Container) error {
+	if !idRe.MatchString(c.ID) {
+		return fmt.Errorf("update container: bad id %q", c.ID)
+	}
+	c.Version = RecordVersion
+	return fsutil.ReplaceJSON(filepath.Join(s.Path(c.ID), "container.json"), c)
+}
+
 // Get reads one record by exact id.
 func (s *Store) Get(id string) (*Container, error) {
 	if !idRe.MatchString(id) {

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Where the time of `lf-restore -n N` goes, for one or more builds side by side.
+
+    bench/scale_trace.py [--heap 256] [-n 100 -n 300] [--rounds 2] --bin OLD/bin --bin NEW/bin
+
+Creates one source running bench/agent.py with the first build, snapshots it once
+(`lf-dump | lf-memfile`), then for each round, each N and each build in turn runs
+`lf-restore -n N --trace` of that snapshot and deletes the forks (not timed). It prints per
+run the batch's wall time, the CPU of lf-restore and its criu (service, workers and their
+helpers: reaped children, so neither the restored forks nor other work on the host), the
+restore_ms p50 of the first and last tenth of the batch, and the median per fork of every
+traced step (lib/trace; ids folded). Every timing is a measurement, never a target: run it
+alone (`flock /tmp/lazyfork-bench.lock bench/scale_trace.py ...`). Everything it creates is
+named scale-<pid>-... and deleted at the end, also on failure.
+"""
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+AGENT = (HERE / "agent.py").read_text()
+IMAGE = os.environ.get("LF_BENCH_IMAGE", "lazyfork/debian:bookworm")
+PREFIX = f"scale-{os.getpid()}"
+IDS = re.compile(r"\b(s?[0-9a-f]{12})\b")
+LINE = re.compile(r"^\s*(-?[0-9.]+)\s+([0-9.]+)  (.*)$")
+
+
+def run(args, env, check=True, timeout=1800, stdin=None):
+    p = subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout, input=stdin)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, args[:3]))}: exit {p.returncode}: {p.stderr.strip()[-2000:]}")
+    return p
+
+
+def steps(stderr):
+    """{step (ids folded, as indented): [ms of each fork]}; the batch-level steps once."""
+    out = {}
+    for line in stderr.splitlines():
+        m = LINE.match(line)
+        if not m or m[3].startswith("("):
+            continue
+        out.setdefault(IDS.sub("ID", m[3]), []).append(float(m[2]))
+    return out
+
+
+def pct(xs, p):
+    xs = sorted(x for x in xs if x is not None)
+    return xs[min(len(xs) - 1, int(len(xs) * p / 100))] if xs else None
+
+
+def delete(bindir, env, ids):
+    for i in range(0, len(ids), 200):
+        run([bindir / "lazyfork", "delete", *ids[i:i + 200]], env, check=False)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", action="append", required=True, help="a build's bin directory (repeat)")
+    ap.add_argument("-n", action="append", type=int, help="forks per batch (repeat; default 100)")
+    ap.add_argument("--heap", type=int, default=256, help="MiB the agent holds")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=40, help="how many steps to print per run")
+    a = ap.parse_args()
+    ns = a.n or [100]
+    bins = [Path(b).resolve() for b in a.bin]
+    env = dict(os.environ, LAZYFORK_LOCAL="1")
+    src = None
+    try:
+        rec = json.loads(run([bins[0] / "lazyfork", "create", IMAGE, "--name", f"{PREFIX}-src", "--json", "--",
+                              "python3", "-c", AGENT, str(a.heap)], env).stdout)
+        src = rec["id"]
+        time.sleep(max(3, a.heap / 40))  # the heap is filled and the agent in its loop
+        snap = run([bins[0] / "lf-memfile"], env, stdin=run([bins[0] / "lf-dump", src], env).stdout).stdout
+        results = []
+        for r in range(a.rounds):
+            for n in ns:
+                for i, b in enumerate(bins):
+                    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    t0 = time.monotonic()
+                    p = run([b / "lf-restore", "-n", n, "--trace"], env, stdin=snap)
+                    wall = time.monotonic() - t0
+                    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    cpu = (ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime) * 1000
+                    forks = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
+                    lat = [f["restore_ms"] for f in forks]
+                    tenth = max(1, n // 10)
+                    st = steps(p.stderr)
+                    res = dict(round=r, n=n, build=i, wall_s=wall, cpu_ms_per_fork=cpu / n, p50=pct(lat, 50),
+                               first_tenth_p50=pct(lat[:tenth], 50), last_tenth_p50=pct(lat[-tenth:], 50),
+                               steps={k: (statistics.median(v), sum(v) / n, len(v)) for k, v in st.items()})
+                    results.append(res)
+                    print(f"round {r} N={n} build {i} ({b}): wall {wall:.2f} s, CPU {cpu / n:.1f} ms/fork, "
+                          f"restore p50 {res['p50']:.0f} ms (first tenth {res['first_tenth_p50']:.0f}, "
+                          f"last {res['last_tenth_p50']:.0f})", flush=True)
+                    top = sorted(res["steps"].items(), key=lambda kv: -kv[1][1])[:a.steps]
+                    for k, (med, per, cnt) in top:
+                        print(f"    {med:8.2f} ms median  {per:8.2f} ms/fork  x{cnt:<5d} {k}")
+                    delete(b, env, [f["id"] for f in forks])
+        print(json.dumps(results), file=sys.stderr)
+    finally:
+        if src:
+            delete(bins[0], env, [src])
+
+
+if __name__ == "__main__":
+    main()
