@@ -11,10 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/alecthomas/kong"
-
 	"github.com/lazyfork/lazyfork/lib/cgroup/owned"
-	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
@@ -63,21 +60,8 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	var cli CLI
 	parsed := time.Now()
-	kctx := kong.Parse(&cli,
-		kong.Name("lazyfork"),
-		kong.Description("Fork running Linux containers."),
-		kong.UsageOnError(),
-		kong.Vars{"socket": client.DefaultSocket}, // one copy of the daemon's default
-		kong.BindTo(ctx, (*context.Context)(nil)),
-		kong.Exit(func(code int) {
-			if code == 80 { // kong's status for a usage error: ours is the stages' (lib/exitcode)
-				code = exitcode.Usage
-			}
-			os.Exit(code)
-		}),
-	)
+	kctx, cli := parse(ctx, os.Args[1:])
 	// The roots and the operator's cgroup parent come from the flags or the environment
 	// (kong's env tags), here only.
 	paths.Set(cli.Root, cli.Run)
@@ -87,7 +71,7 @@ func main() {
 		trace.Add(ctx, "parse the command line", parsed, time.Since(parsed))
 		kctx.BindTo(ctx, (*context.Context)(nil))
 	}
-	err := kctx.Run(&cli.Globals)
+	err := kctx.Run(cli)
 	stop()
 	if cli.Trace {
 		rec.Write(os.Stderr)
