@@ -188,10 +188,14 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	ctx, stalled := watchErrors(ctx, logPath, ErrorGrace)
 	var res result
 	useService := o.Service != nil && ownMountNS && o.NetNS == ""
+	if !useService {
+		o.Worker.Close()
+	}
 	if useService {
 		endAdopt := trace.Step(ctx, "criu service: give it the root mount")
 		if err := o.Service.adopt(o.Root); err != nil {
 			useService = false // a criu of its own sees our mounts
+			o.Worker.Close()
 		}
 		endAdopt()
 	}
@@ -199,12 +203,15 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		// A service restores detached under its worker (it refuses rst_sibling); the
 		// worker's exit hands the root to us, the subreaper.
 		opts.RstSibling = nil
-		join := o.JoinCgroup
-		if len(o.JoinCgroupAll) > 0 && CheckpointCgroupsFlat(o.CheckpointDir) {
-			ignore := rpc.CriuCgMode_IGNORE
-			opts.ManageCgroupsMode, join = &ignore, o.JoinCgroupAll
+		sc := ServiceCgroupsFor(o.CheckpointDir, o.JoinCgroup, o.JoinCgroupAll)
+		if o.Worker != nil {
+			sc = o.Worker.cgroups // the caller's decision, made with the same function
 		}
-		res, err = o.Service.call(ctx, req, join, o.Notify)
+		if sc.Ignore {
+			ignore := rpc.CriuCgMode_IGNORE
+			opts.ManageCgroupsMode = &ignore
+		}
+		res, err = o.Service.call(ctx, req, o.Worker, sc, o.Notify)
 		endForget := trace.Step(ctx, "criu service: detach the root mount")
 		o.Service.forget(o.Root)
 		endForget()

@@ -9,6 +9,7 @@
 //	Dump(ctx, DumpOptions) (*DumpResult, error)
 //	Restore(ctx, RestoreOptions) (*RestoreResult, error)
 //	StartService(ctx, kdatDir, binary) (*Service, error); (*Service).Close()
+//	(*Service).PrepareWorker(ctx, joinProcs) *Worker; (*Worker).Close()
 //	Version(ctx, binary) (major, minor, patch int, err error)
 //	Check(ctx, binary) error
 //
@@ -16,13 +17,16 @@
 // DumpOptions.Binary and RestoreOptions.Binary): "" means FindBinary's default, the
 // private one from `make setup`, else the distribution's.
 //
-// Service: a restore through swrk pays for exec'ing criu and, for the probe cache, the
-// helper below (~30 ms of a ~55 ms fork here). A service worker is a fork() of an already
+// Service: a restore through swrk pays for exec'ing criu and, to join the fork's cgroups,
+// the helper below (~30 ms of a ~55 ms fork here). A service worker is a fork() of an already
 // running criu. The service stays in the caller's mount namespace (forks' overlays are
 // mounted after it started, and a private namespace would not see them), so its workers load
 // the probe cache from $XDG_RUNTIME_DIR, which criu reads for "unprivileged" requests: the
 // service gets a copy of the cache a privileged criu saved. The worker's pid arrives with its
 // first answer (SO_PASSCRED); Restore moves it into JoinCgroup before it clones anything.
+// That move waits for an RCU grace period (8-15 ms here): PrepareWorker starts it early, so
+// it overlaps the caller's own preparation (lib/fork mounts the fork's root meanwhile), and
+// RestoreOptions.Worker hands the ready worker to the restore.
 // Service restores are detached (criu refuses rst_sibling there): the root is the worker's
 // child until the worker exits, which Restore waits for; StartService makes the caller a
 // child subreaper, so the root is then the caller's child, as with swrk.

@@ -196,6 +196,9 @@ type RestoreOptions struct {
 	// Service, when set, serves the restore from a long-lived criu instead of a new swrk
 	// (trees without their own mount namespace still get a swrk).
 	Service *Service
+	// Worker is Service's worker prepared for this restore (Service.PrepareWorker with
+	// ServiceCgroupsFor of these options); nil: one is made now. Restore uses or closes it.
+	Worker *Worker
 	// Binary is the criu a swrk restore runs (FindBinary's explicit path; "" = the
 	// default one). A Service runs the one it was started with.
 	Binary string

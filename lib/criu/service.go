@@ -286,12 +286,149 @@ func (s *Service) Alive() bool {
 	}
 }
 
-// call runs one request on a new worker: it learns the worker's pid (the kernel stamps it
-// on every message once SO_PASSCRED is on), moves the worker into the cgroups whose
-// cgroup.procs files are given (so the tree it clones is charged there, as with swrk), then
-// converses like swrk. The worker is SIGKILLed on deadline or cancel, and gone (its
-// restored tree reparented to us) when call returns.
-func (s *Service) call(ctx context.Context, req *rpc.CriuReq, joinProcs []string, notify NotifyFunc) (res result, retErr error) {
+// ServiceCgroups is what a service worker joins for a restore (cgroup.procs files) and
+// whether criu's own cgroup restore is then skipped (see RestoreOptions.JoinCgroupAll).
+type ServiceCgroups struct {
+	Join   []string
+	Ignore bool
+}
+
+// ServiceCgroupsFor decides ServiceCgroups for a restore of checkpointDir with
+// RestoreOptions' JoinCgroup (join) and JoinCgroupAll (all): every group of the tree when
+// the checkpoint's cgroups are flat (CheckpointCgroupsFlat), else join.
+func ServiceCgroupsFor(checkpointDir string, join, all []string) ServiceCgroups {
+	if len(all) > 0 && CheckpointCgroupsFlat(checkpointDir) {
+		return ServiceCgroups{Join: all, Ignore: true}
+	}
+	return ServiceCgroups{Join: join}
+}
+
+// Worker is a service worker made ready ahead of its request (PrepareWorker).
+type Worker struct {
+	cgroups ServiceCgroups
+	c       *net.UnixConn
+	ready chan struct{} // closed once hello and the cgroup move are done (or failed)
+	err   error         // theirs, read after ready
+
+	mu    sync.Mutex
+	pidfd int // the worker's, -1 until known and after end
+	ended bool
+}
+
+// PrepareWorker connects a new worker and, in the background, learns its pid and moves it
+// into cg's groups (ServiceCgroupsFor). Moving another process waits for an
+// RCU grace period (8-15 ms on these hosts, see lib/cgroup's ThreadJoinFiles): started
+// early, that wait overlaps what the caller does before the request (mounting the fork's
+// root, its network namespace). Hand it to the request (RestoreOptions.Worker) and Close it
+// in any case: a worker that served no request is killed.
+func (s *Service) PrepareWorker(ctx context.Context, cg ServiceCgroups) *Worker {
+	w := &Worker{cgroups: cg, ready: make(chan struct{}), pidfd: -1}
+	if !s.Alive() {
+		w.err = errors.New("criu service has exited: " + readCapped(s.out, 1024))
+		close(w.ready)
+		return w
+	}
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: s.sock, Net: "unixpacket"})
+	if err != nil {
+		w.err = fmt.Errorf("connect to criu service: %w", err)
+		close(w.ready)
+		return w
+	}
+	w.c = c
+	go func() {
+		defer close(w.ready)
+		w.err = w.prepare(ctx, cg.Join)
+	}()
+	return w
+}
+
+func (w *Worker) prepare(ctx context.Context, joinProcs []string) error {
+	if err := setPassCred(w.c); err != nil {
+		return err
+	}
+	endHello := trace.Step(ctx, "criu service: new worker (connect, hello)")
+	pid, err := hello(w.c)
+	endHello()
+	if err != nil {
+		return err
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fmt.Errorf("criu service worker %d: %w", pid, err)
+	}
+	w.mu.Lock()
+	if w.ended { // closed meanwhile
+		w.mu.Unlock()
+		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		unix.Close(fd)
+		return errors.New("criu service worker closed")
+	}
+	w.pidfd = fd
+	w.mu.Unlock()
+	endJoin := trace.Step(ctx, "criu service: move the worker into the fork's cgroups")
+	defer endJoin()
+	for _, f := range joinProcs {
+		if err := os.WriteFile(f, []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("move criu worker into %s: %w", filepath.Dir(f), err)
+		}
+	}
+	return nil
+}
+
+// kill sends the worker SIGKILL if its pid is known.
+func (w *Worker) kill() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pidfd >= 0 {
+		_ = unix.PidfdSendSignal(w.pidfd, unix.SIGKILL, nil, 0)
+	}
+}
+
+// end closes the connection (the worker exits right after it answered; until then a
+// restored root is its child, not ours), kills the worker first when asked, and waits
+// until it is gone. It reports a worker that would not exit.
+func (w *Worker) end(kill bool) error {
+	if w.c != nil {
+		_ = w.c.SetDeadline(time.Now()) // ends a hello in flight
+	}
+	<-w.ready
+	w.mu.Lock()
+	if w.ended {
+		w.mu.Unlock()
+		return nil
+	}
+	w.ended = true
+	fd := w.pidfd
+	w.pidfd = -1
+	w.mu.Unlock()
+	if w.c != nil {
+		defer w.c.Close()
+	}
+	if fd < 0 {
+		return nil
+	}
+	defer unix.Close(fd)
+	if kill {
+		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+	}
+	if !waitPidfd(fd, 10*time.Second) {
+		return errors.New("criu service worker did not exit after answering")
+	}
+	return nil
+}
+
+// Close kills a worker that has not served a request and waits until it is gone; after a
+// request it does nothing.
+func (w *Worker) Close() {
+	if w != nil {
+		_ = w.end(true)
+	}
+}
+
+// call runs one request on a worker, w (PrepareWorker's) or a new one moved into cg's
+// groups (so the tree it clones is charged there, as with swrk), then converses like swrk. The worker is SIGKILLed on deadline or cancel,
+// and gone (its restored tree reparented to us) when call returns.
+func (s *Service) call(ctx context.Context, req *rpc.CriuReq, w *Worker, cg ServiceCgroups, notify NotifyFunc) (res result, retErr error) {
 	// Whatever failed after a cancel or the deadline (ESRCH, EOF, i/o timeout) is a
 	// consequence of killing the worker.
 	defer func() {
@@ -304,84 +441,45 @@ func (s *Service) call(ctx context.Context, req *rpc.CriuReq, joinProcs []string
 		req.Opts.Unprivileged = proto.Bool(true) // load the cache from $XDG_RUNTIME_DIR
 	}
 	if err := ctx.Err(); err != nil {
+		w.Close()
 		return res, err
 	}
-	if !s.Alive() {
-		return res, errors.New("criu service has exited: " + readCapped(s.out, 1024))
+	if w == nil {
+		w = s.PrepareWorker(ctx, cg)
 	}
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: s.sock, Net: "unixpacket"})
-	if err != nil {
-		return res, fmt.Errorf("connect to criu service: %w", err)
-	}
-	defer c.Close()
-	if err := setPassCred(c); err != nil {
-		return res, err
-	}
+	defer func() {
+		if err := w.end(retErr != nil || !res.resp.GetSuccess()); err != nil && retErr == nil {
+			retErr = err
+		}
+	}()
 	stop := make(chan struct{})
 	defer close(stop)
-	var (
-		workerMu sync.Mutex
-		worker   = -1 // pidfd of the worker
-	)
-	killWorker := func() {
-		workerMu.Lock()
-		defer workerMu.Unlock()
-		if worker >= 0 {
-			_ = unix.PidfdSendSignal(worker, unix.SIGKILL, nil, 0)
-		}
-	}
 	go func() {
 		select {
 		case <-ctx.Done():
-			killWorker()
-			_ = c.SetDeadline(time.Now())
+			w.kill()
+			if w.c != nil {
+				_ = w.c.SetDeadline(time.Now())
+			}
 		case <-stop:
 		}
 	}()
-	defer func() {
-		workerMu.Lock()
-		fd := worker
-		workerMu.Unlock()
-		if fd < 0 {
-			return
-		}
-		if retErr != nil || !res.resp.GetSuccess() {
-			_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
-		}
-		// The worker exits right after it answered; until then the restored root is its
-		// child, not ours.
-		if !waitPidfd(fd, 10*time.Second) && retErr == nil {
-			retErr = errors.New("criu service worker did not exit after answering")
-		}
-		unix.Close(fd)
-	}()
-
-	endHello := trace.Step(ctx, "criu service: new worker (connect, hello)")
-	pid, err := hello(c)
-	endHello()
-	if err != nil {
-		return res, err
+	<-w.ready
+	if w.err != nil {
+		return res, w.err
 	}
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return res, fmt.Errorf("criu service worker %d: %w", pid, err)
+	w.mu.Lock()
+	closed := w.ended
+	w.mu.Unlock()
+	if closed {
+		return res, errors.New("criu service worker closed before its request")
 	}
-	workerMu.Lock()
-	worker = fd
-	workerMu.Unlock()
 	if ctx.Err() != nil {
-		killWorker()
+		w.kill()
 		return res, ctx.Err()
 	}
-	endJoin := trace.Step(ctx, "criu service: move the worker into the fork's cgroups")
-	for _, f := range joinProcs {
-		if err := os.WriteFile(f, []byte(strconv.Itoa(pid)), 0); err != nil {
-			endJoin()
-			return res, fmt.Errorf("move criu worker into %s: %w", filepath.Dir(f), err)
-		}
-	}
-	endJoin()
-	res.resp, res.rootPid, err = converse(ctx, c, req, notify)
+	var err error
+	res.resp, res.rootPid, err = converse(ctx, w.c, req, notify)
 	return res, err
 }
 

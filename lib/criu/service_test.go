@@ -236,3 +236,42 @@ func gone(pid int) bool {
 	}
 	return unix.Kill(pid, 0) == unix.ESRCH
 }
+
+// A worker prepared ahead of a request (PrepareWorker) and closed without one is killed and
+// gone, and a request on it fails; one prepared for a restore serves it.
+func TestPreparedWorker(t *testing.T) {
+	requirePriv(t)
+	s, kdat := startService(t)
+	w := s.PrepareWorker(context.Background(), ServiceCgroups{})
+	<-w.ready
+	if w.err != nil {
+		t.Fatal(w.err)
+	}
+	if n := len(serviceWorkers(t, s)); n != 1 {
+		t.Fatalf("%d workers after PrepareWorker, want 1", n)
+	}
+	w.Close()
+	w.Close() // twice: nothing more
+	// Gone once the service reaps it.
+	testEventually(t, func() bool { return len(serviceWorkers(t, s)) == 0 }, "workers left after Close: %v", serviceWorkers(t, s))
+	_, img, root2, dumped := dumpContained(t, kdat)
+	opts := RestoreOptions{CheckpointDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2,
+		ExternalMounts: map[string]string{"usr": "/usr"}, Service: s, Worker: w}
+	if _, err := Restore(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "worker closed") {
+		t.Errorf("restore on a closed worker: err = %v", err)
+	}
+	opts.Worker = s.PrepareWorker(context.Background(), ServiceCgroups{})
+	r, err := Restore(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("restore on a prepared worker: %v", err)
+	}
+	if p := parentOf(r.Pid); p != os.Getpid() {
+		t.Errorf("root %d has parent %d, want us (%d)", r.Pid, p, os.Getpid())
+	}
+	c := waitCount(t, filepath.Join(root2, "cnt.log"), dumped+4)
+	contiguous(t, "copy", c)
+	_ = r.Process.Kill()
+	_, _ = r.Process.Wait()
+	opts.Worker.Close() // after the request: nothing
+	testEventually(t, func() bool { return len(serviceWorkers(t, s)) == 0 }, "workers left: %v", serviceWorkers(t, s))
+}

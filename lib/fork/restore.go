@@ -300,13 +300,6 @@ func start(ctx context.Context, rt *container.Runtime, c *store.Container, s *st
 //
 // netns, for a cluster member's snapshot, is the namespace criu runs in and restores into.
 func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, hold *os.File, rename bool, netns string) error {
-	layer := overlay.Layer{Lower: c.Lower, Upper: upper, Work: c.Work, Target: c.RootFS}
-	endMount := trace.Step(ctx, "mount the overlay")
-	err := overlay.Prepare(layer)
-	endMount()
-	if err != nil {
-		return fmt.Errorf("fork %s: %w", c.ID, err)
-	}
 	endCg := trace.Step(ctx, "make the cgroup, set its limits")
 	cg, err := cgroup.Create(cgName, rt.CgroupParent)
 	if err != nil {
@@ -316,6 +309,20 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 	c.Cgroup, c.CgroupV2 = cg.Paths, cg.V2
 	err = cg.SetLimits(container.Limits(c))
 	endCg()
+	if err != nil {
+		return fmt.Errorf("fork %s: %w", c.ID, err)
+	}
+	// The service's worker for the restore is moved into the group while the root is
+	// mounted and the network namespace made: the move waits for an RCU grace period.
+	var worker *criu.Worker
+	if svc != nil && netns == "" {
+		worker = svc.PrepareWorker(ctx, criu.ServiceCgroupsFor(s.CheckpointDir, cg.ProcsFiles(), cg.AllProcsFiles()))
+		defer worker.Close() // unless the restore took it
+	}
+	layer := overlay.Layer{Lower: c.Lower, Upper: upper, Work: c.Work, Target: c.RootFS}
+	endMount := trace.Step(ctx, "mount the overlay")
+	err = overlay.Prepare(layer)
+	endMount()
 	if err != nil {
 		return fmt.Errorf("fork %s: %w", c.ID, err)
 	}
@@ -367,6 +374,7 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 		// cloned into them; criu's own cgroup restore is skipped when the checkpoint allows.
 		JoinCgroupAll: cg.AllProcsFiles(),
 		Service:       svc,
+		Worker:        worker,
 		Hold:          hold,
 		NetNS:         netns,
 		Notify: func(script string, pid int) error {
