@@ -307,8 +307,8 @@ func ServiceCgroupsFor(checkpointDir string, join, all []string) ServiceCgroups 
 type Worker struct {
 	cgroups ServiceCgroups
 	c       *net.UnixConn
-	ready chan struct{} // closed once hello and the cgroup move are done (or failed)
-	err   error         // theirs, read after ready
+	ready   chan struct{} // closed once hello and the cgroup move are done (or failed)
+	err     error         // theirs, read after ready
 
 	mu    sync.Mutex
 	pidfd int // the worker's, -1 until known and after end
