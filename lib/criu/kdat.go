@@ -191,6 +191,12 @@ func CheckpointHasNetNS(checkpointDir string) bool {
 	return checkpointHas(checkpointDir, "netns-*.img")
 }
 
+// CheckpointHasTCP reports whether the checkpoint holds a TCP connection (CRIU writes a
+// tcp-stream image for each).
+func CheckpointHasTCP(checkpointDir string) bool {
+	return checkpointHas(checkpointDir, "tcp-stream-*.img")
+}
+
 func checkpointHas(checkpointDir, pattern string) bool {
 	names, err := os.ReadDir(checkpointDir)
 	if err != nil {

@@ -353,6 +353,36 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 		defer ns.Release() // the restored tree holds the namespace from here on
 		joinNetNS, freshNone = ns.Path, false
 	}
+	// Connections come back one socket at a time: until every one is there, a restored
+	// socket's packets would be answered with resets (network.LockTCP). Locked from
+	// before the first socket (the namespace is made here, or by CRIU: at
+	// setup-namespaces) until post-restore, when all are there and still in repair mode.
+	var unlockTCP func() error
+	lockTCP := func(nsPath string) error {
+		if unlockTCP != nil || netns != "" || !criu.CheckpointHasTCP(s.CheckpointDir) {
+			return nil
+		}
+		u, err := network.LockTCP(nsPath)
+		if err != nil {
+			return err
+		}
+		unlockTCP = u
+		return nil
+	}
+	unlock := func() error {
+		if unlockTCP == nil {
+			return nil
+		}
+		u := unlockTCP
+		unlockTCP = nil
+		return u()
+	}
+	defer func() { _ = unlock() }() // a failed restore: its namespace goes with it anyway
+	if joinNetNS != "" {
+		if err := lockTCP(joinNetNS); err != nil {
+			return fmt.Errorf("fork %s: %w", c.ID, err)
+		}
+	}
 	rctx, endRestore := trace.Start(ctx, "criu restore")
 	res, err := criu.Restore(rctx, criu.RestoreOptions{
 		CheckpointDir:  s.CheckpointDir,
@@ -383,11 +413,19 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 			}
 			switch script {
 			case "setup-namespaces":
+				if joinNetNS == "" {
+					if err := lockTCP(fmt.Sprintf("/proc/%d/ns/net", pid)); err != nil {
+						return err
+					}
+				}
 				if freshNone {
 					return network.LoopbackUp(pid)
 				}
 				return container.AttachNetwork(pid, c, parentAddr)
 			case "post-restore":
+				if err := unlock(); err != nil {
+					return err
+				}
 				// A cluster fork's members may all hold the parent's sockets: closed
 				// once every one is restored (restoreCluster).
 				if parentAddr != "" && netns == "" {
