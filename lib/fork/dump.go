@@ -24,6 +24,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/hook"
 	"github.com/lazyfork/lazyfork/lib/memfile"
+	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/paths"
 	"github.com/lazyfork/lazyfork/lib/snapshot"
 	"github.com/lazyfork/lazyfork/lib/stage"
@@ -267,6 +268,21 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	if netns == "" && c.Net == container.NetNone && c.Cluster == "" && c.Confine != nil && !c.Confine.Privileged {
 		netns = fmt.Sprintf("/proc/%d/ns/net", c.Pid) // c.Pid is the group's (checked above)
 	}
+	tcpEstablished := c.Net == container.NetNone || c.Net == container.NetBridge
+	// Connections are locked from just before the freeze until every socket is saved
+	// (network.LockTCP says why). Only where there are some: a lock costs the dump two
+	// netlink transactions, and the source's in-flight segments a retransmission.
+	lockTCP := tcpEstablished && tcpConnected(c.Pid)
+	var unlockTCP func() error
+	unlockConns := func() error {
+		if unlockTCP == nil {
+			return nil
+		}
+		u := unlockTCP
+		unlockTCP = nil
+		return u()
+	}
+	defer func() { _ = unlockConns() }()
 	res, err := criu.Dump(ctx, criu.DumpOptions{
 		PageServer:     psConn,
 		NetNS:          netns,
@@ -282,7 +298,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		// the container: each fork gets the pair, connected, in its own namespace.
 		// Bridge mode too: forks close their copies of connections that leave the
 		// namespace (lib/network.CloseInherited); the source keeps them.
-		TCPEstablished: c.Net == container.NetNone || c.Net == container.NetBridge,
+		TCPEstablished: tcpEstablished,
 		Timeout:        DumpTimeout,
 		KdatDir:        kdatDir(),
 		Binary:         rt.CRIU,
@@ -290,6 +306,13 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		// GC must not give the source back before (criu would freeze it again).
 		Hold: hold,
 		Notify: func(script string, _ int) error {
+			if script == "pre-dump" && lockTCP {
+				u, err := network.LockTCP(fmt.Sprintf("/proc/%d/ns/net", c.Pid))
+				if err != nil {
+					return err
+				}
+				unlockTCP = u
+			}
 			if script == "pre-dump" && swap {
 				// As late as can be: criu has set itself up and freezes the tree next.
 				endFreeze := trace.Step(ctx, "freeze the source")
@@ -298,6 +321,9 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 			}
 			if script != "post-dump" {
 				return nil
+			}
+			if err := unlockConns(); err != nil {
+				return err
 			}
 			// The tasks are still frozen: the file system copy matches the memory image
 			// (CRIU checks open files by size on restore).
@@ -355,6 +381,26 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		return nil, err
 	}
 	return s, nil
+}
+
+// tcpConnected reports whether the network namespace of pid holds a TCP socket in a
+// connected state (/proc/PID/net/tcp{,6}: anything but LISTEN, CLOSE and TIME_WAIT, which
+// no process owns).
+func tcpConnected(pid int) bool {
+	for _, f := range []string{"tcp", "tcp6"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, f))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			// "  0: 0100007F:22B0 0100007F:A1C4 01 ...": the fourth field is the state.
+			fs := strings.Fields(line)
+			if len(fs) > 3 && fs[3] != "0A" && fs[3] != "07" && fs[3] != "06" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // singleProcess reports whether the group holds one process (threads aside).

@@ -356,7 +356,8 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 	// Connections come back one socket at a time: until every one is there, a restored
 	// socket's packets would be answered with resets (network.LockTCP). Locked from
 	// before the first socket (the namespace is made here, or by CRIU: at
-	// setup-namespaces) until post-restore, when all are there and still in repair mode.
+	// setup-namespaces) until post-restore, when all are there and still in repair mode
+	// (CRIU takes them out of it later).
 	var unlockTCP func() error
 	lockTCP := func(nsPath string) error {
 		if unlockTCP != nil || netns != "" || !criu.CheckpointHasTCP(s.CheckpointDir) {
@@ -425,6 +426,13 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 			case "post-restore":
 				if err := unlock(); err != nil {
 					return err
+				}
+				// A namespace CRIU restored has its dumped ruleset back: the dump's lock
+				// (see Dump) too, which nothing else would remove.
+				if joinNetNS == "" && netns == "" && criu.CheckpointHasNetNS(s.CheckpointDir) {
+					if err := network.UnlockTCP(fmt.Sprintf("/proc/%d/ns/net", pid)); err != nil {
+						return err
+					}
 				}
 				// A cluster fork's members may all hold the parent's sockets: closed
 				// once every one is restored (restoreCluster).

@@ -15,17 +15,22 @@ import (
 // half-closed connections (SOCCR_MARK in soccr/soccr.h): they must pass a lock.
 const soccrMark = 0xC114
 
-// tcpLockTable is the table LockTCP makes in a namespace (nothing else is ever there: the
-// namespace is new and the restore has not started).
-const tcpLockTable = "lazyfork-restore-lock"
+// tcpLockTable is the table LockTCP makes in a namespace.
+const tcpLockTable = "lazyfork-tcp-lock"
 
 // LockTCP drops every TCP packet in the network namespace at nsPath but CRIU's own, until
-// the returned unlock runs. A restore into a namespace CRIU did not make gets no lock of
-// CRIU's (it expects the dump's to be still there, as on a migration), and it brings the
-// connections back one socket at a time: a socket taken out of repair mode to send its
-// unsent data probes its peer, which is not restored yet, and the namespace answers with a
-// reset ("Can't restore not-sent send queue data ... Broken pipe"). Dropped packets are
-// sent again once the lock is gone, by TCP itself.
+// the returned unlock runs; dropped packets are sent again afterwards, by TCP itself.
+// What CRIU's --network-lock does, which LazyFork cannot use: on a dump from inside the
+// namespace CRIU locks each connection as it reaches its socket, and on a restore into a
+// namespace it did not make it locks nothing (it expects the dump's lock to be still
+// there, as on a migration). Both windows need it:
+//   - dump: frozen tasks send nothing, but their kernel goes on sending queued data when
+//     the peer's window opens; data that reaches a socket after CRIU read its queues,
+//     and is acknowledged to a peer not yet saved, is in neither image, and the restored
+//     pair waits for it forever.
+//   - restore: connections come back one socket at a time; a socket taken out of repair
+//     mode to send its unsent data probes a peer not restored yet, and the namespace
+//     answers with a reset ("Can't restore not-sent send queue data ... Broken pipe").
 func LockTCP(nsPath string) (unlock func() error, err error) {
 	ns, err := os.Open(nsPath)
 	if err != nil {
@@ -66,4 +71,24 @@ func LockTCP(nsPath string) (unlock func() error, err error) {
 		}
 		return nil
 	}, nil
+}
+
+// UnlockTCP removes LockTCP's table from the namespace at nsPath if it is there: a
+// namespace CRIU restores gets back the ruleset it had when it was dumped, lock included.
+func UnlockTCP(nsPath string) error {
+	ns, err := os.Open(nsPath)
+	if err != nil {
+		return fmt.Errorf("unlock tcp: %w", err)
+	}
+	defer ns.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns.Fd())), nftables.AsLasting())
+	if err != nil {
+		return fmt.Errorf("unlock tcp in %s: %w", nsPath, err)
+	}
+	defer c.CloseLasting()
+	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: tcpLockTable})
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unlock tcp in %s: %w", nsPath, err)
+	}
+	return nil
 }
