@@ -204,8 +204,10 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		// worker's exit hands the root to us, the subreaper.
 		opts.RstSibling = nil
 		sc := ServiceCgroupsFor(o.CheckpointDir, o.JoinCgroup, o.JoinCgroupAll)
-		if o.Worker != nil {
-			sc = o.Worker.cgroups // the caller's decision, made with the same function
+		if o.Worker != nil && !o.Worker.cgroups.equal(sc) {
+			// Prepared for other groups (guessed before the dump): a worker of its own.
+			o.Worker.Close()
+			o.Worker = nil
 		}
 		if sc.Ignore {
 			ignore := rpc.CriuCgMode_IGNORE

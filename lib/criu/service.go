@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -301,6 +302,10 @@ func ServiceCgroupsFor(checkpointDir string, join, all []string) ServiceCgroups 
 		return ServiceCgroups{Join: all, Ignore: true}
 	}
 	return ServiceCgroups{Join: join}
+}
+
+func (a ServiceCgroups) equal(b ServiceCgroups) bool {
+	return a.Ignore == b.Ignore && slices.Equal(a.Join, b.Join)
 }
 
 // Worker is a service worker made ready ahead of its request (PrepareWorker).

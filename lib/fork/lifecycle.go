@@ -92,10 +92,20 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 		defer stop()
 		o.Service = svc
 	}
+	// A repeat fork: its records, cgroups and criu workers are made ready during the dump.
+	if !swap && earlyFits(c, o) {
+		o.early = startEarly(ctx, rt, c, o)
+	}
 	// Transient: GC drops the snapshot if this process dies.
 	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true, SmallPages: o.SmallPages})
-	if err != nil {
-		return nil, nil, err
+	if err != nil || s.Swap {
+		if o.early != nil {
+			o.early.abort(rt)
+			o.early = nil
+		}
+		if err != nil {
+			return nil, nil, err
+		}
 	}
 	if s.Swap {
 		return forkSwapped(ctx, rt, c, s, o)
@@ -132,10 +142,13 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 		_ = Save(s)
 	}
 	if err != nil {
+		if o.early != nil {
+			o.early.abort(rt)
+		}
 		return nil, nil, err
 	}
 	s = m
-	forks, err := Restore(ctx, rt, s, o.RestoreOptions)
+	forks, err := Restore(ctx, rt, s, o.RestoreOptions) // takes o.early over
 	return forks, s, err
 }
 
@@ -263,7 +276,7 @@ func resumeIn(ctx context.Context, rt *container.Runtime, c *store.Container, s 
 		}
 	}()
 	c.Family, c.MemDir = s.Family, s.FamilyDir
-	if err := startIn(ctx, rt, c, s, c.Upper, c.ID, nil, nil, true, netns); err != nil {
+	if err := startIn(ctx, rt, c, s, c.Upper, c.ID, nil, nil, nil, true, netns); err != nil {
 		return fmt.Errorf("start %s: %w", c.Display(), err)
 	}
 	c.Snapshot = ""

@@ -56,6 +56,9 @@ type RestoreOptions struct {
 	// ClusterAddr is, for members of a bridge-mode cluster fork, the fork leader's address
 	// (the namespace's), which their records share.
 	ClusterAddr string
+
+	// early: the forks' records, cgroups and workers made ready during the dump (Fork).
+	early *early
 }
 
 // Restore makes o.N forks of a memfiled snapshot. Every fork is a new container with its
@@ -132,10 +135,7 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 		}
 		alloc = rt.AddressAllocator(subnet.Masked())
 	}
-	// One reservation for the whole batch: the names are checked against the store once.
-	endReserve := trace.Step(ctx, "reserve the records")
-	defer func() { endReserve() }()
-	forks, err := rt.ReserveN(o.N, o.Names, func(c *store.Container) error {
+	fill := func(c *store.Container) error {
 		c.Image, c.Command, c.Env, c.WorkingDir, c.Hook = s.Image, s.Command, s.Env, s.WorkingDir, s.Hook
 		c.Confine, c.Memory, c.PidsLimit, c.Net = s.Confine, s.Memory, s.PidsLimit, s.Net
 		c.Parent, c.Depth = s.Source.ID, s.Source.Depth+1
@@ -152,11 +152,42 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 			return err
 		}
 		return nil
-	})
-	endReserve()
-	endReserve = func() {}
-	if err != nil {
-		return nil, fmt.Errorf("restore %s: %w", s.ID, err)
+	}
+	var forks []*store.Container
+	ready := map[string]*prepared{}
+	if e := o.early; e != nil {
+		// Reserved, with cgroups and workers, during the dump (Fork); filled from the
+		// snapshot now, written when each runs.
+		endWait := trace.Step(ctx, "wait for the forks made ready during the dump")
+		<-e.done
+		endWait()
+		defer e.closeWorkers() // those no restore took
+		if e.err != nil {
+			e.abort(rt)
+			return nil, fmt.Errorf("restore %s: %w", s.ID, e.err)
+		}
+		for _, c := range e.forks {
+			if err := fill(c); err != nil {
+				e.abort(rt)
+				return nil, fmt.Errorf("restore %s: %w", s.ID, err)
+			}
+		}
+		forks, ready = e.forks, e.ready
+		if svc != o.Service {
+			// The service they were made for is gone: each restore gets a worker of svc.
+			for _, p := range ready {
+				p.worker.Close()
+				p.worker = nil
+			}
+		}
+	} else {
+		// One reservation for the whole batch: the names are checked against the store once.
+		endReserve := trace.Step(ctx, "reserve the records")
+		forks, err = rt.ReserveN(o.N, o.Names, fill)
+		endReserve()
+		if err != nil {
+			return nil, fmt.Errorf("restore %s: %w", s.ID, err)
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -182,7 +213,7 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 			if ctx.Err() != nil {
 				return
 			}
-			f, err := restoreOne(ctx, rt, s, svc, hold, forks[i], o.Hook, o.NetNS, release)
+			f, err := restoreOne(ctx, rt, s, svc, hold, forks[i], ready[forks[i].ID], o.Hook, o.NetNS, release)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -203,6 +234,9 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 	if len(errs) > 0 {
 		// All or nothing: a batch that failed half-way leaves no forks, and no records of
 		// the ones it never started.
+		if o.early != nil {
+			o.early.closeWorkers() // out of the groups first
+		}
 		for _, c := range forks {
 			_ = rt.Delete(c)
 		}
@@ -245,11 +279,11 @@ func makeDumpedFamily(s *stage.Snapshot) error {
 // release gives the batch's restore slot back once the tree runs: waiting for the fork's
 // runtime to answer RESEED and writing its record need no CPU of the batch's and must not
 // hold the next fork back.
-func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *store.Container, h hook.Options, netns string, release func()) (stage.Fork, error) {
+func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *store.Container, pre *prepared, h hook.Options, netns string, release func()) (stage.Fork, error) {
 	begin := time.Now()
 	ctx, end := trace.Start(ctx, "fork "+c.ID)
 	defer end()
-	err := startIn(ctx, rt, c, s, c.Upper, c.ID, svc, hold, true, netns)
+	err := startIn(ctx, rt, c, s, c.Upper, c.ID, svc, pre, hold, true, netns)
 	release()
 	if err != nil {
 		return stage.Fork{}, err
@@ -289,7 +323,7 @@ func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, s
 // start mounts c's overlay (lower = the snapshot's stack, the given upper), makes its
 // cgroup and restores the snapshot into them. The caller undoes a failure with Delete.
 func start(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, upper string, svc *criu.Service, hold *os.File) error {
-	return startIn(ctx, rt, c, s, upper, c.ID, svc, hold, true, "")
+	return startIn(ctx, rt, c, s, upper, c.ID, svc, nil, hold, true, "")
 }
 
 // startIn is start with the container's cgroup named cgName (a swapped source gets a new
@@ -299,29 +333,37 @@ func start(ctx context.Context, rt *container.Runtime, c *store.Container, s *st
 // its processes had set, as it is the same container.
 //
 // netns, for a cluster member's snapshot, is the namespace criu runs in and restores into.
-func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, hold *os.File, rename bool, netns string) error {
-	endCg := trace.Step(ctx, "make the cgroup, set its limits")
-	cg, err := cgroup.Create(cgName, rt.CgroupParent)
-	if err != nil {
-		endCg()
-		return fmt.Errorf("fork %s: %w", c.ID, err)
-	}
-	c.Cgroup, c.CgroupV2 = cg.Paths, cg.V2
-	err = cg.SetLimits(container.Limits(c))
-	endCg()
-	if err != nil {
-		return fmt.Errorf("fork %s: %w", c.ID, err)
-	}
-	// The service's worker for the restore is moved into the group while the root is
-	// mounted and the network namespace made: the move waits for an RCU grace period.
+// pre, if any, is the cgroup (named cgName) and service worker made ready during the dump.
+func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, pre *prepared, hold *os.File, rename bool, netns string) error {
+	var cg *cgroup.Cgroup
 	var worker *criu.Worker
-	if svc != nil && netns == "" {
-		worker = svc.PrepareWorker(ctx, criu.ServiceCgroupsFor(s.CheckpointDir, cg.ProcsFiles(), cg.AllProcsFiles()))
-		defer worker.Close() // unless the restore took it
+	if pre != nil {
+		cg, worker = pre.cg, pre.worker
+	} else {
+		endCg := trace.Step(ctx, "make the cgroup, set its limits")
+		var err error
+		cg, err = cgroup.Create(cgName, rt.CgroupParent)
+		if err != nil {
+			endCg()
+			return fmt.Errorf("fork %s: %w", c.ID, err)
+		}
+		c.Cgroup, c.CgroupV2 = cg.Paths, cg.V2
+		err = cg.SetLimits(container.Limits(c))
+		endCg()
+		if err != nil {
+			return fmt.Errorf("fork %s: %w", c.ID, err)
+		}
+		// The service's worker for the restore is moved into the group while the root
+		// is mounted and the network namespace made: the move waits for an RCU grace
+		// period.
+		if svc != nil && netns == "" {
+			worker = svc.PrepareWorker(ctx, criu.ServiceCgroupsFor(s.CheckpointDir, cg.ProcsFiles(), cg.AllProcsFiles()))
+		}
 	}
+	defer worker.Close() // unless the restore took it
 	layer := overlay.Layer{Lower: c.Lower, Upper: upper, Work: c.Work, Target: c.RootFS}
 	endMount := trace.Step(ctx, "mount the overlay")
-	err = overlay.Prepare(layer)
+	err := overlay.Prepare(layer)
 	endMount()
 	if err != nil {
 		return fmt.Errorf("fork %s: %w", c.ID, err)
