@@ -169,9 +169,11 @@ func swrk(ctx context.Context, binary string, req *rpc.CriuReq, kdatDir string, 
 		_ = conn.Close()
 		// Wait for criu's exit without reaping it, kill what it left in its group (nothing
 		// after a clean run), then reap.
+		endExit := trace.Step(ctx, "criu: its exit")
 		var si unix.Siginfo
 		for unix.Waitid(unix.P_PID, pid, &si, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
 		}
+		endExit()
 		killGroup()
 		mu.Lock()
 		exited = true

@@ -371,9 +371,12 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	if swap || o.Transient {
 		s.Owner = os.Getpid() // transient until the swap is done (see recoverSwap) or as asked
 	}
+	endSize := trace.Step(ctx, "size the checkpoint")
+	checkpointBytes := dirBytes(s.CheckpointDir)
+	endSize()
 	s.Dump = stage.DumpStats{
 		WallMs: stage.Ms(res.Wall), FrozenMs: stage.Ms(res.Frozen), LayerMs: stage.Ms(layerTime),
-		PagesWritten: res.PagesWritten, PagesScanned: res.PagesScanned, CheckpointBytes: dirBytes(s.CheckpointDir),
+		PagesWritten: res.PagesWritten, PagesScanned: res.PagesScanned, CheckpointBytes: checkpointBytes,
 		PreallocMs: stage.Ms(preTime), PreallocBytes: preBytes, PreallocHugePages: preHuge, PagesPlaced: psConn != nil,
 	}
 	defer trace.Step(ctx, "save the snapshot record")()
@@ -387,6 +390,9 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 // connected state (/proc/PID/net/tcp{,6}: anything but LISTEN, CLOSE and TIME_WAIT, which
 // no process owns).
 func tcpConnected(pid int) bool {
+	if !network.TCPInUse(fmt.Sprintf("/proc/%d/net", pid)) {
+		return false // no TCP socket at all: no walk of the host's connection table
+	}
 	for _, f := range []string{"tcp", "tcp6"} {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, f))
 		if err != nil {
