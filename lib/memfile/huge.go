@@ -82,17 +82,18 @@ func mergeRuns(rs []PreallocRun) []PreallocRun {
 // ascending) one zeroed huge page and returns the stretches that became one; the others
 // stay empty.
 func makeHuge(fd int, offs []int64) map[int64]bool {
-	h := startHuge(context.Background(), fd, offs)
+	h := startHuge(context.Background(), fd, offs, makeHugeWorkers)
 	return h.finish()
 }
 
 // hugeMaker makes empty 2 MiB stretches of a file huge pages on makeHugeWorkers
-// goroutines, in ascending order, while its caller writes the file: the caller waits
-// (wait) for the stretches it is about to write, so that it writes into the huge pages,
-// and allocating them costs the copy little time when the allocation keeps ahead. When it
-// does not (a fresh huge page waits on the host behind a VM's free-page-reporting balloon,
-// or the other CPU is busy), the stretches not yet started are left to small pages:
-// the copy waits about hugeWaitShare of its time for them at most.
+// goroutines, in ascending order, while its caller writes the file (fillOne), stretch by
+// stretch: the caller writes a stretch once it is ready (or waits for it), so that it
+// writes into the huge pages, and allocating them costs the copy little time when the
+// allocation keeps ahead. When it does not (a fresh huge page waits on the host behind a
+// VM's free-page-reporting balloon, or the other CPU is busy) and the caller has waited
+// hugeWaitShare of its time (behind), it writes the stretches from the other end instead,
+// giving up (claim) the batches not started there, until the two meet.
 type hugeMaker struct {
 	fd      int
 	batches [][]int64       // runs of adjacent stretches, one MADV_COLLAPSE each
@@ -104,7 +105,7 @@ type hugeMaker struct {
 	wg      sync.WaitGroup
 	start   time.Time
 	waited  time.Duration // the writer's time in wait
-	dropped int           // stretches left to small pages
+	dropped int           // stretches given up: left to small pages
 }
 
 const (
@@ -115,15 +116,14 @@ const (
 )
 
 // startHuge starts making the stretches at offs (2 MiB-aligned, ascending, empty) huge
-// pages of fd; finish must be called before fd is closed. A cancelled ctx leaves the
-// batches not yet started as they are.
-func startHuge(ctx context.Context, fd int, offs []int64) *hugeMaker {
+// pages of fd on workers goroutines; finish must be called before fd is closed. A
+// cancelled ctx leaves the batches not yet started as they are.
+func startHuge(ctx context.Context, fd int, offs []int64, workers int) *hugeMaker {
 	h := &hugeMaker{fd: fd, batchOf: map[int64]int{}, made: map[int64]bool{}, start: time.Now()}
 	// Runs of adjacent stretches: one madvise call per run (each call drains every CPU's
-	// LRU cache once, waiting for each CPU), makeHugeWorkers calls at once (zeroing is
-	// most of the time, and one CPU's worth of it leaves the other for the writer, or
-	// for the source before a swap's freeze). The first runs are short, so that the
-	// writer starts soon and a slow allocation shows soon; then up to makeHugeBatch.
+	// LRU cache once, waiting for each CPU), workers calls at once. The first runs are
+	// short, so that the writer starts soon and a slow allocation shows soon; then up to
+	// makeHugeBatch.
 	size := 1
 	for i := 0; i < len(offs); {
 		j := i + 1
@@ -135,14 +135,14 @@ func startHuge(ctx context.Context, fd int, offs []int64) *hugeMaker {
 		}
 		h.batches = append(h.batches, offs[i:j])
 		h.done = append(h.done, make(chan struct{}))
-		if len(h.batches)%makeHugeWorkers == 0 {
+		if len(h.batches)%workers == 0 {
 			size = min(2*size, makeHugeBatch)
 		}
 		i = j
 	}
 	h.state = make([]atomic.Int32, len(h.batches))
 	var next atomic.Int64
-	for w := 0; w < min(makeHugeWorkers, len(h.batches)); w++ {
+	for w := 0; w < min(workers, len(h.batches)); w++ {
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
@@ -198,44 +198,77 @@ func (h *hugeMaker) makeBatch(run []int64) {
 	h.mu.Unlock()
 }
 
-// wait returns once no stretch that [off, off+n) touches is being made a huge page or
-// waiting to be. Once the writer has waited more than hugeWaitShare of its time, the
-// stretches not started yet are given up (left to small pages).
-func (h *hugeMaker) wait(off, n int64) {
-	if h == nil || len(h.batches) == 0 || n <= 0 {
-		return
+// batch returns the index of the batch that makes the stretch at (2 MiB-aligned), or -1.
+func (h *hugeMaker) batch(at int64) int {
+	if h == nil {
+		return -1
 	}
-	for b := off / hugeAlign * hugeAlign; b < off+n; b += hugeAlign {
-		i, ok := h.batchOf[b]
-		if !ok {
-			continue
-		}
-		if h.behind() {
-			h.drop(i)
-		}
+	if i, ok := h.batchOf[at]; ok {
+		return i
+	}
+	return -1
+}
+
+// ready reports whether the stretch at can be written now: it is not to be a huge page,
+// or its batch is finished.
+func (h *hugeMaker) ready(at int64) bool {
+	i := h.batch(at)
+	return i < 0 || h.state[i].Load() >= batchDone
+}
+
+// claim reports whether the stretch at can be written now, giving up its batch (left to
+// small pages) if it has not started; false while the batch is being made.
+func (h *hugeMaker) claim(at int64) bool {
+	i := h.batch(at)
+	if i < 0 {
+		return true
+	}
+	if h.state[i].CompareAndSwap(batchPending, batchDropped) {
+		h.dropped += len(h.batches[i])
+		close(h.done[i])
+		return true
+	}
+	return h.state[i].Load() >= batchDone
+}
+
+// wait returns once the stretch at can be written (its batch is finished).
+func (h *hugeMaker) wait(at int64) {
+	if i := h.batch(at); i >= 0 {
 		t := time.Now()
 		<-h.done[i]
 		h.waited += time.Since(t)
 	}
 }
 
-// behind reports whether the writer has waited for the allocation longer than it may.
-func (h *hugeMaker) behind() bool {
-	return h.waited > hugeWaitFloor && float64(h.waited) > hugeWaitShare*float64(time.Since(h.start))
-}
-
-// drop leaves batch i and every later batch not yet started to small pages.
-func (h *hugeMaker) drop(i int) {
-	for ; i < len(h.batches); i++ {
-		if h.state[i].CompareAndSwap(batchPending, batchDropped) {
-			h.dropped += len(h.batches[i])
-			close(h.done[i])
+// each calls write(k) once for each k of ats (the ascending stretches a writer writes),
+// each once its stretch is ready: in ascending order, waiting for the allocation, and
+// while it is behind, from the end too (claim). It stops at write's first error.
+func (h *hugeMaker) each(ats []int64, write func(k int) error) error {
+	for front, back := 0, len(ats)-1; front <= back; {
+		k := front
+		switch {
+		case h.ready(ats[front]):
+			front++
+		case h.behind() && h.claim(ats[back]):
+			k = back
+			back--
+		default:
+			h.wait(ats[front])
+			front++
+		}
+		if err := write(k); err != nil {
+			return err
 		}
 	}
+	return nil
 }
 
-// finish waits for every batch and returns the stretches made huge pages (the writer
-// reads dropped after it).
+// behind reports whether the writer has waited for the allocation longer than it may.
+func (h *hugeMaker) behind() bool {
+	return h != nil && h.waited > hugeWaitFloor && float64(h.waited) > hugeWaitShare*float64(time.Since(h.start))
+}
+
+// finish waits for every batch and returns the stretches made huge pages.
 func (h *hugeMaker) finish() map[int64]bool {
 	if h == nil {
 		return nil
@@ -247,8 +280,12 @@ func (h *hugeMaker) finish() map[int64]bool {
 }
 
 const (
-	makeHugeBatch   = 16 // stretches per MADV_COLLAPSE call at most: 32 MiB
-	makeHugeWorkers = 2
+	makeHugeBatch = 16 // stretches per MADV_COLLAPSE call at most: 32 MiB
+	// Zeroing is most of a collapse's time: makeHuge (a swap's preallocation) runs two at
+	// once, leaving a CPU's worth for the source that runs meanwhile; a rewrite runs
+	// rewriteHugeWorkers beside its copy.
+	makeHugeWorkers    = 2
+	rewriteHugeWorkers = 2
 	// The writer may wait for huge pages hugeWaitShare of its time, beyond hugeWaitFloor.
 	hugeWaitShare = 0.1
 	hugeWaitFloor = 5 * time.Millisecond

@@ -233,8 +233,9 @@ func allocated(t *testing.T, path string) int64 {
 	return st.Blocks * 512
 }
 
-// A writer that has waited too long for the huge pages gives up the stretches not started
-// yet: they stay empty, for small pages; the others are made; finish accounts for all.
+// A writer that has waited too long for the huge pages writes from the end, giving up
+// the stretches not started there (small pages); each stretch is written once, none
+// loses its write, and finish accounts for all.
 func TestHugeMakerGivesUpWhenBehind(t *testing.T) {
 	f, err := os.OpenFile(filepath.Join(shmDir(t), "g.mem"), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
@@ -248,11 +249,23 @@ func TestHugeMakerGivesUpWhenBehind(t *testing.T) {
 	for i := int64(0); i < 64; i++ {
 		offs = append(offs, int64(base)+i*hugeAlign)
 	}
-	h := startHuge(context.Background(), int(f.Fd()), offs)
+	h := startHuge(context.Background(), int(f.Fd()), offs, makeHugeWorkers)
 	h.waited = time.Hour // as if the writer had waited all along
-	h.wait(offs[0], 64*hugeAlign)
+	seen := map[int]int{}
+	var order []int
+	if err := h.each(offs, func(k int) error {
+		seen[k]++
+		order = append(order, k)
+		// What the writer writes into the stretch: a huge page, or small pages.
+		return pwriteAll(int(f.Fd()), page('w'), offs[k]+pageSize)
+	}); err != nil {
+		t.Fatal(err)
+	}
 	made := h.finish()
-	t.Logf("%d made, %d given up", len(made), h.dropped)
+	t.Logf("%d made, %d given up; written in the order %v", len(made), h.dropped, order)
+	if len(seen) != 64 || len(order) != 64 {
+		t.Errorf("wrote %d stretches %d times, want each of the 64 once", len(seen), len(order))
+	}
 	if h.dropped == 0 || len(made)+h.dropped > 64 {
 		t.Errorf("%d made and %d given up of 64 stretches: want some given up, none counted twice", len(made), h.dropped)
 	}
@@ -260,7 +273,12 @@ func TestHugeMakerGivesUpWhenBehind(t *testing.T) {
 	if thp == nil && len(made)+h.dropped != 64 {
 		t.Errorf("%d made and %d given up of 64 stretches", len(made), h.dropped)
 	}
-	if got := allocated(t, f.Name()); got != int64(len(made))*hugeAlign {
-		t.Errorf("%d bytes allocated, want the %d stretches made and nothing in those given up", got, len(made))
+	if got, want := allocated(t, f.Name()), int64(len(made))*hugeAlign+int64(64-len(made))*pageSize; got != want {
+		t.Errorf("%d bytes allocated, want %d: the %d stretches made whole, one written page in each of the others", got, want, len(made))
+	}
+	for k, o := range offs {
+		if !bytes.Equal(readPage(t, f.Name(), uint64(o/pageSize)+1), page('w')) {
+			t.Fatalf("stretch %d lost its write", k)
+		}
 	}
 }

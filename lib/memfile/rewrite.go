@@ -444,57 +444,26 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 		if err != nil {
 			return err
 		}
-		huge = startHuge(ctx, fd, plan)
+		huge = startHuge(ctx, fd, plan, rewriteHugeWorkers)
 		defer huge.finish() // before the file is closed
 	}
-	// VMA by VMA, in address order (so the copy follows the huge pages' allocation): base
-	// bytes first (a library's, or a family file's for a rebased VMA), then the dumped
-	// pages over them.
-	pieces := map[*vmaInfo][]piece{}
-	for _, p := range mf.pieces {
-		v := mf.t.vmas[p.vma]
-		pieces[v] = append(pieces[v], p)
+	// Stretch by stretch, in address order, each once it is ready (huge.go); while the
+	// huge pages' allocation is behind, from the other end too.
+	units := r.fillUnits(ctx, fd, mf, pages)
+	ats := make([]int64, len(units))
+	for k, u := range units {
+		ats[k] = u.at
 	}
-	vmas := append([]*vmaInfo(nil), mf.vmas...)
-	sort.Slice(vmas, func(i, j int) bool { return vmas[i].off < vmas[j].off })
-	for _, v := range vmas {
-		length := int64(v.e.GetEnd() - v.e.GetStart())
-		var err error
-		switch {
-		case v.act != actFile && v.act != actRebase:
-		case mf.placed:
-			err = r.copyBaseAround(fd, mf, v)
-		case v.act == actFile:
-			huge.wait(v.off, length)
-			err = r.copyLibrary(fd, mf, v, 0, length)
-		default:
-			huge.wait(v.off, length)
-			err = r.copyFamily(fd, mf, v, 0, length)
-		}
-		if err != nil {
-			return err
-		}
-		if mf.placed {
-			continue // its dumped pages are in place already
-		}
-		for _, p := range pieces[v] {
-			dst := v.off + int64(p.vaddr-v.e.GetStart())
-			src := pages[p.src : p.src+p.n*pageSize]
-			// A zero page over base bytes must punch a hole; over anonymous memory the
-			// file is a hole already (or a zeroed huge page), unless it was preallocated.
-			punch := v.act != actAnon || mf.prealloc
-			// 2 MiB at a time, each once its stretch is ready.
-			for off := int64(0); off < int64(len(src)); {
-				end := min(int64(len(src)), (dst+off)/hugeAlign*hugeAlign+hugeAlign-dst)
-				huge.wait(dst+off, end-off)
-				n, err := writePages(ctx, fd, src[off:end], dst+off, punch)
-				mf.written += n
-				if err != nil {
-					return fmt.Errorf("write memory file %s: %w", mf.name, err)
-				}
-				off = end
+	err = huge.each(ats, func(k int) error {
+		for _, op := range units[k].ops {
+			if err := op(); err != nil {
+				return err
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	// A placed file still holds the pages that stay in the checkpoint: punched once the
 	// pages image is written (punchPlaced).
@@ -513,6 +482,79 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 	}
 	mf.bytes = st.Blocks * 512
 	return nil
+}
+
+// fillUnit is what fillOne writes into one 2 MiB stretch of a memory file, in order.
+type fillUnit struct {
+	at  int64 // the stretch's offset
+	ops []func() error
+}
+
+// fillUnits splits what fillOne writes into mf by 2 MiB stretch, in address order: VMA by
+// VMA, base bytes first (a library's, or a family file's for a rebased VMA), then the
+// dumped pages over them. A placed file's base bytes go around its pages, a VMA at a time
+// (it has no huge pages to wait for: its units are written in order).
+func (r *rewriter) fillUnits(ctx context.Context, fd int, mf *memFile, pages []byte) []fillUnit {
+	byAt := map[int64]int{}
+	var units []fillUnit
+	add := func(at int64, op func() error) {
+		b := at / hugeAlign * hugeAlign
+		k, ok := byAt[b]
+		if !ok {
+			k = len(units)
+			byAt[b] = k
+			units = append(units, fillUnit{at: b})
+		}
+		units[k].ops = append(units[k].ops, op)
+	}
+	// split adds fn for each part of [off, off+n) inside one stretch.
+	split := func(off, n int64, fn func(off, n int64) error) {
+		for at := off; at < off+n; {
+			end := min(off+n, at/hugeAlign*hugeAlign+hugeAlign)
+			from, m := at, end-at
+			add(from, func() error { return fn(from, m) })
+			at = end
+		}
+	}
+	pieces := map[*vmaInfo][]piece{}
+	for _, p := range mf.pieces {
+		v := mf.t.vmas[p.vma]
+		pieces[v] = append(pieces[v], p)
+	}
+	vmas := append([]*vmaInfo(nil), mf.vmas...)
+	sort.Slice(vmas, func(i, j int) bool { return vmas[i].off < vmas[j].off })
+	for _, v := range vmas {
+		length := int64(v.e.GetEnd() - v.e.GetStart())
+		switch {
+		case v.act != actFile && v.act != actRebase:
+		case mf.placed:
+			add(v.off, func() error { return r.copyBaseAround(fd, mf, v) })
+		case v.act == actFile:
+			split(v.off, length, func(off, n int64) error { return r.copyLibrary(fd, mf, v, off-v.off, n) })
+		default:
+			split(v.off, length, func(off, n int64) error { return r.copyFamily(fd, mf, v, off-v.off, n) })
+		}
+		if mf.placed {
+			continue // its dumped pages are in place already
+		}
+		for _, p := range pieces[v] {
+			dst := v.off + int64(p.vaddr-v.e.GetStart())
+			src := pages[p.src : p.src+p.n*pageSize]
+			// A zero page over base bytes must punch a hole; over anonymous memory the
+			// file is a hole already (or a zeroed huge page), unless it was preallocated.
+			punch := v.act != actAnon || mf.prealloc
+			split(dst, int64(len(src)), func(off, n int64) error {
+				w, err := writePages(ctx, fd, src[off-dst:off-dst+n], off, punch)
+				mf.written += w
+				if err != nil {
+					return fmt.Errorf("write memory file %s: %w", mf.name, err)
+				}
+				return nil
+			})
+		}
+	}
+	sort.Slice(units, func(i, j int) bool { return units[i].at < units[j].at })
+	return units
 }
 
 // hugePlan returns the 2 MiB stretches of mf (ascending) that will hold at least
