@@ -550,8 +550,8 @@ func procComm(pid int) string {
 }
 
 // lossyDescriptor returns a process of the group holding a descriptor that a restore does
-// not give back as it was (fanotify), and its kind, or 0. (A userfaultfd is refused
-// before: CRIU cannot dump one at all.)
+// not give back as it was (fanotify), and its kind, or 0. (A userfaultfd cannot be
+// dumped at all: ErrUserfaultfd.)
 func lossyDescriptor(cg *cgroup.Cgroup) (int, string) {
 	return findFd(cg, func(_, target string) string {
 		if target == "anon_inode:[fanotify]" {
