@@ -82,18 +82,18 @@ func mergeRuns(rs []PreallocRun) []PreallocRun {
 // ascending) one zeroed huge page and returns the stretches that became one; the others
 // stay empty.
 func makeHuge(fd int, offs []int64) map[int64]bool {
-	h := startHuge(context.Background(), fd, offs, makeHugeWorkers)
+	h := startHuge(context.Background(), fd, offs, makeHugeWorkers, makeHugeBatch)
 	return h.finish()
 }
 
-// hugeMaker makes empty 2 MiB stretches of a file huge pages on makeHugeWorkers
-// goroutines, in ascending order, while its caller writes the file (fillOne), stretch by
-// stretch: the caller writes a stretch once it is ready (or waits for it), so that it
-// writes into the huge pages, and allocating them costs the copy little time when the
-// allocation keeps ahead. When it does not (a fresh huge page waits on the host behind a
-// VM's free-page-reporting balloon, or the other CPU is busy) and the caller has waited
-// hugeWaitShare of its time (behind), it writes the stretches from the other end instead,
-// giving up (claim) the batches not started there, until the two meet.
+// hugeMaker makes empty 2 MiB stretches of a file huge pages on a few goroutines, in
+// ascending order, while its caller writes the file (fillOne), stretch by stretch: the
+// caller writes a stretch once it is ready (or waits for it), so that it writes into the
+// huge pages, and allocating them costs the copy little time when the allocation keeps
+// ahead. When it does not (on this VM a fresh huge page usually waits on the host: its
+// balloon reports free 2 MiB blocks, and then the allocators' host faults slow the copy
+// too) and the caller has waited hugeWaitShare of its time (behind), every batch not
+// started is given up (claim) and the copy goes on in small pages alone.
 type hugeMaker struct {
 	fd      int
 	batches [][]int64       // runs of adjacent stretches, one MADV_COLLAPSE each
@@ -106,6 +106,7 @@ type hugeMaker struct {
 	start   time.Time
 	waited  time.Duration // the writer's time in wait
 	dropped int           // stretches given up: left to small pages
+	gaveUp  bool          // the allocation fell behind: no batch starts any more
 }
 
 const (
@@ -116,14 +117,15 @@ const (
 )
 
 // startHuge starts making the stretches at offs (2 MiB-aligned, ascending, empty) huge
-// pages of fd on workers goroutines; finish must be called before fd is closed. A
-// cancelled ctx leaves the batches not yet started as they are.
-func startHuge(ctx context.Context, fd int, offs []int64, workers int) *hugeMaker {
+// pages of fd on workers goroutines, at most maxBatch per MADV_COLLAPSE call; finish must
+// be called before fd is closed. A cancelled ctx leaves the batches not yet started as
+// they are.
+func startHuge(ctx context.Context, fd int, offs []int64, workers, maxBatch int) *hugeMaker {
 	h := &hugeMaker{fd: fd, batchOf: map[int64]int{}, made: map[int64]bool{}, start: time.Now()}
 	// Runs of adjacent stretches: one madvise call per run (each call drains every CPU's
 	// LRU cache once, waiting for each CPU), workers calls at once. The first runs are
 	// short, so that the writer starts soon and a slow allocation shows soon; then up to
-	// makeHugeBatch.
+	// maxBatch.
 	size := 1
 	for i := 0; i < len(offs); {
 		j := i + 1
@@ -136,7 +138,7 @@ func startHuge(ctx context.Context, fd int, offs []int64, workers int) *hugeMake
 		h.batches = append(h.batches, offs[i:j])
 		h.done = append(h.done, make(chan struct{}))
 		if len(h.batches)%workers == 0 {
-			size = min(2*size, makeHugeBatch)
+			size = min(2*size, maxBatch)
 		}
 		i = j
 	}
@@ -240,21 +242,20 @@ func (h *hugeMaker) wait(at int64) {
 	}
 }
 
-// each calls write(k) once for each k of ats (the ascending stretches a writer writes),
-// each once its stretch is ready: in ascending order, waiting for the allocation, and
-// while it is behind, from the end too (claim). It stops at write's first error.
+// each calls write(k) for each k of ats (the ascending stretches a writer writes), in
+// order, each once its stretch is ready. Once the writer has waited hugeWaitShare of its
+// time (behind), the batches not started yet are given up (small pages), so that the
+// copy goes on alone. It stops at write's first error.
 func (h *hugeMaker) each(ats []int64, write func(k int) error) error {
-	for front, back := 0, len(ats)-1; front <= back; {
-		k := front
-		switch {
-		case h.ready(ats[front]):
-			front++
-		case h.behind() && h.claim(ats[back]):
-			k = back
-			back--
-		default:
-			h.wait(ats[front])
-			front++
+	for k, at := range ats {
+		if h != nil && !h.gaveUp && h.behind() {
+			h.gaveUp = true
+			for i := range h.batches {
+				h.claim(h.batches[i][0])
+			}
+		}
+		if !h.ready(at) {
+			h.wait(at)
 		}
 		if err := write(k); err != nil {
 			return err
@@ -281,6 +282,9 @@ func (h *hugeMaker) finish() map[int64]bool {
 
 const (
 	makeHugeBatch = 16 // stretches per MADV_COLLAPSE call at most: 32 MiB
+	// A rewrite's batches are short: once it gives up, the copy still waits for the
+	// batches being made.
+	rewriteHugeBatch = 2
 	// Zeroing is most of a collapse's time: makeHuge (a swap's preallocation) runs two at
 	// once, leaving a CPU's worth for the source that runs meanwhile; a rewrite runs
 	// rewriteHugeWorkers beside its copy.

@@ -249,7 +249,7 @@ func TestHugeMakerGivesUpWhenBehind(t *testing.T) {
 	for i := int64(0); i < 64; i++ {
 		offs = append(offs, int64(base)+i*hugeAlign)
 	}
-	h := startHuge(context.Background(), int(f.Fd()), offs, makeHugeWorkers)
+	h := startHuge(context.Background(), int(f.Fd()), offs, rewriteHugeWorkers, rewriteHugeBatch)
 	h.waited = time.Hour // as if the writer had waited all along
 	seen := map[int]int{}
 	var order []int
