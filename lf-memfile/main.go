@@ -23,7 +23,7 @@ type cli struct {
 	MountPath     string `help:"Raw checkpoint mode: path at which the restored task sees the memory files (default: the family dir itself)."`
 	Force         bool   `help:"Rewrite even if the checkpoint maps jemalloc, mimalloc or tcmalloc."`
 	NoFilePrivate bool   `help:"Leave copied-on-write library pages in the checkpoint (per-fork floor ~2 MB)."`
-	HugePages     bool   `default:"true" negatable:"" help:"Make each 2 MiB stretch of anonymous memory that is at least 3/4 data one huge page, allocated before the copy (the default): forks map it without page tables (~0.4 MB less per working fork of a 256 MiB heap). --huge-pages=false (or --no-huge-pages) keeps 4 KiB pages."`
+	HugePages     bool   `help:"Make each 2 MiB stretch of anonymous memory that is at least 3/4 data one huge page, allocated just ahead of the copy into it: forks map it without page tables (~0.4 MB less per working fork of a 256 MiB heap); on a VM whose balloon hands free memory back to the host the rewrite takes longer."`
 	KSM           bool   `name:"ksm" help:"Mark the memory files' mappings MADV_MERGEABLE so ksmd may merge the forks' identical pages (same tenant only: see docs/security.md)."`
 	Rebase        *bool  `help:"Force (or with --no-rebase forbid) writing fresh memory files for a fork's delta." negatable:""`
 	DryRun        bool   `help:"Print the plan (lf-inspect's JSON: each VMA's decision and why) and write nothing."`
@@ -56,7 +56,7 @@ func run(ctx context.Context, c cli) error {
 	if done, err := plan(c, s.CheckpointDir, s.FamilyDir); done || err != nil {
 		return err
 	}
-	s, err = snapshot.Memfile(ctx, s, snapshot.MemfileOptions{Force: c.Force, NoFilePrivate: c.NoFilePrivate, Rebase: c.Rebase, SmallPages: !c.HugePages, KSM: c.KSM})
+	s, err = snapshot.Memfile(ctx, s, snapshot.MemfileOptions{Force: c.Force, NoFilePrivate: c.NoFilePrivate, Rebase: c.Rebase, HugePages: c.HugePages, KSM: c.KSM})
 	if err != nil {
 		return err
 	}
@@ -115,7 +115,7 @@ func rewriteRaw(ctx context.Context, c cli) error {
 		return err
 	}
 	res, err := memfile.Rewrite(ctx, memfile.Options{CheckpointDir: dir, FamilyDir: fam, MountPath: mount,
-		ConvertFilePrivate: !c.NoFilePrivate, Prefix: "m", AllowAllocators: c.Force, SmallPages: !c.HugePages, KSM: c.KSM})
+		ConvertFilePrivate: !c.NoFilePrivate, Prefix: "m", AllowAllocators: c.Force, HugePages: c.HugePages, KSM: c.KSM})
 	if err != nil {
 		_ = os.Remove(fam) // only if still empty
 		return err

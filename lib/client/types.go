@@ -81,9 +81,10 @@ type ForkRequest struct {
 	// default a container's first fork moves it onto the snapshot (new host pids, same
 	// container), so that every later fork dumps only what it changed.
 	Copy bool `json:"copy,omitempty"`
-	// HugePages false keeps the memory files in 4 KiB pages; nil (the default) or true
-	// makes each dense 2 MiB stretch of the heap one huge page: ~0.4 MB less per working
-	// fork of a 256 MiB heap (memfile.Options.SmallPages).
+	// HugePages: each dense 2 MiB stretch of the heap one huge page of the memory files,
+	// ~0.4 MB less per working fork of a 256 MiB heap. nil: a swap's preallocation makes
+	// them (before the freeze), a copy's rewrite does not (it would slow it); true: both;
+	// false: neither.
 	HugePages *bool `json:"huge_pages,omitempty"`
 	HookOptions
 }

@@ -177,7 +177,7 @@ func (s *Service) Fork(ctx context.Context, ref string, req client.ForkRequest, 
 	}
 	defer unlock()
 	run := context.WithoutCancel(ctx)
-	forks, snap, err := fork.Fork(run, s.RT, c, fork.Options{Force: req.Force, Share: req.Share, Copy: req.Copy, SmallPages: req.HugePages != nil && !*req.HugePages,
+	forks, snap, err := fork.Fork(run, s.RT, c, fork.Options{Force: req.Force, Share: req.Share, Copy: req.Copy, HugePages: req.HugePages,
 		RestoreOptions: fork.RestoreOptions{N: n, Names: req.Names, OnFork: onFork, Service: s.restoreService(run), Hook: ho}})
 	if err != nil {
 		return nil, err

@@ -32,8 +32,10 @@ type Options struct {
 	// (the behaviour before the swap became the default): every later fork dumps its whole
 	// heap again, and forks see other inode numbers than the source.
 	Copy bool
-	// SmallPages: see memfile.Options.SmallPages (the swap's preallocation too).
-	SmallPages bool
+	// HugePages: nil keeps the defaults (a swap's preallocation makes the heap's dense
+	// stretches huge pages, a copy's rewrite does not: see memfile.Options.HugePages);
+	// true makes them huge pages in both, false in neither.
+	HugePages *bool
 	// KSM marks the forks' memory mergeable (memfile.Options.KSM): opt-in per tree.
 	KSM bool
 }
@@ -97,7 +99,7 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 		o.early = startEarly(ctx, rt, c, o)
 	}
 	// Transient: GC drops the snapshot if this process dies.
-	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true, SmallPages: o.SmallPages})
+	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true, SmallPages: o.HugePages != nil && !*o.HugePages})
 	if err != nil || s.Swap {
 		if o.early != nil {
 			o.early.abort(rt)
@@ -120,7 +122,7 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 	}()
 	endMemfile := trace.Step(ctx, "memfile: move the memory into the family's files")
 	// The snapshot is removed once the forks run: nobody reads its shared-page count.
-	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, SmallPages: o.SmallPages, KSM: o.KSM, SkipSharedCount: !o.Share})
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages != nil && *o.HugePages, KSM: o.KSM, SkipSharedCount: !o.Share})
 	endMemfile()
 	if o.Share {
 		// The source is gone since the dump: bring it back first, from the memory files
@@ -300,7 +302,7 @@ func serviceForSwap(ctx context.Context, rt *container.Runtime, have *criu.Servi
 // rewrite, the source moved onto the snapshot (Swap), then the forks. The source is never
 // lost: until Swap has a new source running, any failure thaws the old one as it was.
 func forkSwapped(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, o Options) ([]stage.Fork, *stage.Snapshot, error) {
-	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, SmallPages: o.SmallPages, KSM: o.KSM})
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages != nil && *o.HugePages, KSM: o.KSM})
 	if err != nil {
 		err = errors.Join(err, undoSwapDump(c, s))
 		_ = RemoveSnapshot(s)

@@ -14,7 +14,7 @@ import (
 // PrepareOptions tune Prepare.
 type PrepareOptions struct {
 	Force      bool // see Options.Force
-	SmallPages bool // see memfile.Options.SmallPages
+	SmallPages bool // see DumpOptions.SmallPages
 	KSM        bool // see Options.KSM: a ksm tree's keyframes
 }
 
@@ -36,7 +36,7 @@ func Prepare(ctx context.Context, rt *container.Runtime, c *store.Container, o P
 	if err != nil {
 		return nil, err
 	}
-	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, SmallPages: o.SmallPages, KSM: o.KSM})
+	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, KSM: o.KSM})
 	if err != nil {
 		if s.Swap {
 			err = errors.Join(err, undoSwapDump(c, s))

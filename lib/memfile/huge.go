@@ -4,8 +4,6 @@ import (
 	"context"
 	"sort"
 	"sync"
-	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -82,50 +80,35 @@ func mergeRuns(rs []PreallocRun) []PreallocRun {
 // ascending) one zeroed huge page and returns the stretches that became one; the others
 // stay empty.
 func makeHuge(fd int, offs []int64) map[int64]bool {
-	h := startHuge(context.Background(), fd, offs, makeHugeWorkers, makeHugeBatch)
+	h := startHuge(context.Background(), fd, offs)
 	return h.finish()
 }
 
-// hugeMaker makes empty 2 MiB stretches of a file huge pages on a few goroutines, in
-// ascending order, while its caller writes the file (fillOne), stretch by stretch: the
-// caller writes a stretch once it is ready (or waits for it), so that it writes into the
-// huge pages, and allocating them costs the copy little time when the allocation keeps
-// ahead. When it does not (on this VM a fresh huge page usually waits on the host: its
-// balloon reports free 2 MiB blocks, and then the allocators' host faults slow the copy
-// too) and the caller has waited hugeWaitShare of its time (behind), every batch not
-// started is given up (claim) and the copy goes on in small pages alone.
+// hugeMaker makes empty 2 MiB stretches of a file huge pages on makeHugeWorkers
+// goroutines, in ascending order, while its caller writes the file (fillOne), stretch by
+// stretch: the caller writes a stretch once it is ready (or waits for it), so that it
+// writes into the huge page, and allocating them costs the copy only what the
+// allocation does not keep ahead.
 type hugeMaker struct {
 	fd      int
 	batches [][]int64       // runs of adjacent stretches, one MADV_COLLAPSE each
 	batchOf map[int64]int   // stretch -> its index in batches
-	state   []atomic.Int32  // batchPending, batchMaking, batchDone, batchDropped
-	done    []chan struct{} // closed when the batch is made (or not) or dropped
+	done    []chan struct{} // closed when the batch is finished (made or not)
 	mu      sync.Mutex
 	made    map[int64]bool
 	wg      sync.WaitGroup
-	start   time.Time
-	waited  time.Duration // the writer's time in wait
-	dropped int           // stretches given up: left to small pages
-	gaveUp  bool          // the allocation fell behind: no batch starts any more
 }
 
-const (
-	batchPending = iota
-	batchMaking
-	batchDone
-	batchDropped
-)
-
 // startHuge starts making the stretches at offs (2 MiB-aligned, ascending, empty) huge
-// pages of fd on workers goroutines, at most maxBatch per MADV_COLLAPSE call; finish must
-// be called before fd is closed. A cancelled ctx leaves the batches not yet started as
-// they are.
-func startHuge(ctx context.Context, fd int, offs []int64, workers, maxBatch int) *hugeMaker {
-	h := &hugeMaker{fd: fd, batchOf: map[int64]int{}, made: map[int64]bool{}, start: time.Now()}
+// pages of fd; finish must be called before fd is closed. A cancelled ctx leaves the
+// batches not yet started as they are.
+func startHuge(ctx context.Context, fd int, offs []int64) *hugeMaker {
+	h := &hugeMaker{fd: fd, batchOf: map[int64]int{}, made: map[int64]bool{}}
 	// Runs of adjacent stretches: one madvise call per run (each call drains every CPU's
-	// LRU cache once, waiting for each CPU), workers calls at once. The first runs are
-	// short, so that the writer starts soon and a slow allocation shows soon; then up to
-	// maxBatch.
+	// LRU cache once, waiting for each CPU), makeHugeWorkers calls at once (zeroing is
+	// most of the time, and one CPU's worth of it leaves the other for the writer, or
+	// for the source before a swap's freeze). The first runs are short, so that the
+	// writer starts soon; then up to makeHugeBatch.
 	size := 1
 	for i := 0; i < len(offs); {
 		j := i + 1
@@ -137,33 +120,32 @@ func startHuge(ctx context.Context, fd int, offs []int64, workers, maxBatch int)
 		}
 		h.batches = append(h.batches, offs[i:j])
 		h.done = append(h.done, make(chan struct{}))
-		if len(h.batches)%workers == 0 {
-			size = min(2*size, maxBatch)
+		if len(h.batches)%makeHugeWorkers == 0 {
+			size = min(2*size, makeHugeBatch)
 		}
 		i = j
 	}
-	h.state = make([]atomic.Int32, len(h.batches))
-	var next atomic.Int64
-	for w := 0; w < min(workers, len(h.batches)); w++ {
+	work := make(chan int)
+	for w := 0; w < min(makeHugeWorkers, len(h.batches)); w++ {
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= len(h.batches) {
-					return
-				}
-				if !h.state[i].CompareAndSwap(batchPending, batchMaking) {
-					continue // dropped: the writer closed it
-				}
+			for i := range work {
 				if ctx.Err() == nil {
 					h.makeBatch(h.batches[i])
 				}
-				h.state[i].Store(batchDone)
 				close(h.done[i])
 			}
 		}()
 	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		for i := range h.batches {
+			work <- i
+		}
+		close(work)
+	}()
 	return h
 }
 
@@ -200,73 +182,20 @@ func (h *hugeMaker) makeBatch(run []int64) {
 	h.mu.Unlock()
 }
 
-// batch returns the index of the batch that makes the stretch at (2 MiB-aligned), or -1.
-func (h *hugeMaker) batch(at int64) int {
-	if h == nil {
-		return -1
-	}
-	if i, ok := h.batchOf[at]; ok {
-		return i
-	}
-	return -1
-}
-
-// ready reports whether the stretch at can be written now: it is not to be a huge page,
-// or its batch is finished.
-func (h *hugeMaker) ready(at int64) bool {
-	i := h.batch(at)
-	return i < 0 || h.state[i].Load() >= batchDone
-}
-
-// claim reports whether the stretch at can be written now, giving up its batch (left to
-// small pages) if it has not started; false while the batch is being made.
-func (h *hugeMaker) claim(at int64) bool {
-	i := h.batch(at)
-	if i < 0 {
-		return true
-	}
-	if h.state[i].CompareAndSwap(batchPending, batchDropped) {
-		h.dropped += len(h.batches[i])
-		close(h.done[i])
-		return true
-	}
-	return h.state[i].Load() >= batchDone
-}
-
-// wait returns once the stretch at can be written (its batch is finished).
-func (h *hugeMaker) wait(at int64) {
-	if i := h.batch(at); i >= 0 {
-		t := time.Now()
-		<-h.done[i]
-		h.waited += time.Since(t)
-	}
-}
-
 // each calls write(k) for each k of ats (the ascending stretches a writer writes), in
-// order, each once its stretch is ready. Once the writer has waited hugeWaitShare of its
-// time (behind), the batches not started yet are given up (small pages), so that the
-// copy goes on alone. It stops at write's first error.
+// order, each once its stretch is ready. It stops at write's first error.
 func (h *hugeMaker) each(ats []int64, write func(k int) error) error {
 	for k, at := range ats {
-		if h != nil && !h.gaveUp && h.behind() {
-			h.gaveUp = true
-			for i := range h.batches {
-				h.claim(h.batches[i][0])
+		if h != nil {
+			if i, ok := h.batchOf[at]; ok {
+				<-h.done[i]
 			}
-		}
-		if !h.ready(at) {
-			h.wait(at)
 		}
 		if err := write(k); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// behind reports whether the writer has waited for the allocation longer than it may.
-func (h *hugeMaker) behind() bool {
-	return h != nil && h.waited > hugeWaitFloor && float64(h.waited) > hugeWaitShare*float64(time.Since(h.start))
 }
 
 // finish waits for every batch and returns the stretches made huge pages.
@@ -281,18 +210,8 @@ func (h *hugeMaker) finish() map[int64]bool {
 }
 
 const (
-	makeHugeBatch = 16 // stretches per MADV_COLLAPSE call at most: 32 MiB
-	// A rewrite's batches are short: once it gives up, the copy still waits for the
-	// batches being made.
-	rewriteHugeBatch = 2
-	// Zeroing is most of a collapse's time: makeHuge (a swap's preallocation) runs two at
-	// once, leaving a CPU's worth for the source that runs meanwhile; a rewrite runs
-	// rewriteHugeWorkers beside its copy.
-	makeHugeWorkers    = 2
-	rewriteHugeWorkers = 2
-	// The writer may wait for huge pages hugeWaitShare of its time, beyond hugeWaitFloor.
-	hugeWaitShare = 0.1
-	hugeWaitFloor = 5 * time.Millisecond
+	makeHugeBatch   = 16 // stretches per MADV_COLLAPSE call at most: 32 MiB
+	makeHugeWorkers = 2
 )
 
 // collapseRange collapses fd's [off, off+n) (2 MiB-aligned) into huge pages with one

@@ -9,18 +9,17 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
 	"golang.org/x/sys/unix"
 )
 
-// By default a rewrite makes each 2 MiB stretch of anonymous memory that is at least
+// With HugePages a rewrite makes each 2 MiB stretch of anonymous memory that is at least
 // 3/4 non-zero data one huge page before copying into it, wherever the kernel has huge
 // tmpfs pages; sparse stretches, and stretches dense only with dumped zero pages, keep
 // small pages and holes; the bytes read back unchanged; a fork maps the huge stretches
-// with PMDs. SmallPages keeps every stretch small.
+// with PMDs. Without it (the default) every stretch stays small.
 func TestRewriteMakesDenseStretchesHuge(t *testing.T) {
 	_, thp := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 	per := hugeAlign / pageSize // pages per stretch
@@ -48,7 +47,7 @@ func TestRewriteMakesDenseStretchesHuge(t *testing.T) {
 	for _, small := range []bool{false, true} {
 		t.Run(fmt.Sprintf("small=%v", small), func(t *testing.T) {
 			img, family := build(t)
-			res, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, Prefix: "h", SmallPages: small})
+			res, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, Prefix: "h", HugePages: !small})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -231,54 +230,4 @@ func allocated(t *testing.T, path string) int64 {
 		t.Fatal(err)
 	}
 	return st.Blocks * 512
-}
-
-// A writer that has waited too long for the huge pages writes from the end, giving up
-// the stretches not started there (small pages); each stretch is written once, none
-// loses its write, and finish accounts for all.
-func TestHugeMakerGivesUpWhenBehind(t *testing.T) {
-	f, err := os.OpenFile(filepath.Join(shmDir(t), "g.mem"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(AnonFileSize); err != nil {
-		t.Fatal(err)
-	}
-	var offs []int64
-	for i := int64(0); i < 64; i++ {
-		offs = append(offs, int64(base)+i*hugeAlign)
-	}
-	h := startHuge(context.Background(), int(f.Fd()), offs, rewriteHugeWorkers, rewriteHugeBatch)
-	h.waited = time.Hour // as if the writer had waited all along
-	seen := map[int]int{}
-	var order []int
-	if err := h.each(offs, func(k int) error {
-		seen[k]++
-		order = append(order, k)
-		// What the writer writes into the stretch: a huge page, or small pages.
-		return pwriteAll(int(f.Fd()), page('w'), offs[k]+pageSize)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	made := h.finish()
-	t.Logf("%d made, %d given up; written in the order %v", len(made), h.dropped, order)
-	if len(seen) != 64 || len(order) != 64 {
-		t.Errorf("wrote %d stretches %d times, want each of the 64 once", len(seen), len(order))
-	}
-	if h.dropped == 0 || len(made)+h.dropped > 64 {
-		t.Errorf("%d made and %d given up of 64 stretches: want some given up, none counted twice", len(made), h.dropped)
-	}
-	_, thp := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
-	if thp == nil && len(made)+h.dropped != 64 {
-		t.Errorf("%d made and %d given up of 64 stretches", len(made), h.dropped)
-	}
-	if got, want := allocated(t, f.Name()), int64(len(made))*hugeAlign+int64(64-len(made))*pageSize; got != want {
-		t.Errorf("%d bytes allocated, want %d: the %d stretches made whole, one written page in each of the others", got, want, len(made))
-	}
-	for k, o := range offs {
-		if !bytes.Equal(readPage(t, f.Name(), uint64(o/pageSize)+1), page('w')) {
-			t.Fatalf("stretch %d lost its write", k)
-		}
-	}
 }

@@ -62,14 +62,15 @@ var ErrAllocator = errors.New("image maps an allocator that relies on MADV_DONTN
 type Options struct {
 	CheckpointDir string // the checkpoint dir to rewrite in place (the caller's own copy)
 	FamilyDir     string // host dir on tmpfs where .mem files are created (O_EXCL)
-	// SmallPages keeps memory files in 4 KiB pages. By default each 2 MiB stretch of
-	// anonymous memory that is at least 3/4 non-zero data becomes one huge page, allocated
-	// before the data is copied into it (huge.go): forks map it without page tables (~0.4
-	// MB less per working fork of a 256 MiB heap), and the copy is still one copy.
-	// Preallocated files (Prealloc, Placed) have their dense stretches in huge pages
-	// already, made before the dump (Preallocate).
-	SmallPages bool
-	MountPath  string // in-container path of FamilyDir; "" means DefaultMountPath
+	// HugePages makes each 2 MiB stretch of anonymous memory that is at least 3/4 non-zero
+	// data one huge page, allocated just ahead of the copy into it (huge.go): forks map it
+	// without page tables (~0.4 MB less per working fork of a 256 MiB heap), and the copy
+	// is still one copy, but on this VM allocating fresh huge pages slows the rewrite
+	// (bench/huge_pages.py), so it is not the default. Preallocated files (Prealloc,
+	// Placed) have their dense stretches in huge pages already, made before the dump
+	// (Preallocate).
+	HugePages bool
+	MountPath string // in-container path of FamilyDir; "" means DefaultMountPath
 	// RootFS is the host path of the dumped container's root, used to read the original
 	// bytes of file-backed VMAs (files.img names them relative to it); "" means "/".
 	RootFS string
@@ -128,9 +129,6 @@ type Result struct {
 	// HugePages counts the 2 MiB stretches the rewrite made huge pages (see huge.go); a
 	// preallocated file's were made before the dump (stage.DumpStats.PreallocHugePages).
 	HugePages int `json:"huge_pages"`
-	// HugePagesLeft counts dense stretches left in small pages because making them huge
-	// fell behind the copy (huge.go: the copy waits for it a tenth of its time at most).
-	HugePagesLeft int `json:"huge_pages_left,omitempty"`
 	// PreallocFiles counts memory files written into pages allocated before the dump
 	// (Options.Prealloc).
 	PreallocFiles int           `json:"prealloc_files,omitempty"`

@@ -47,7 +47,6 @@ type memFile struct {
 	// VMAs' offsets (vmaInfo.off) agree with their addresses modulo 2 MiB where memory is
 	// anonymous, so that a huge tmpfs page can be mapped whole (one PMD, no page-table page).
 	hugePages int  // 2 MiB stretches made huge pages by the rewrite (huge.go)
-	hugeLeft  int  // dense stretches left in small pages: their allocation fell behind
 	prealloc  bool // renamed from a Preallocate file: pages outside the data are punched
 	placed    bool // renamed from the process's placed file: its dumped pages are in it
 	pieces    []piece
@@ -389,7 +388,6 @@ func (r *rewriter) fill(ctx context.Context) error {
 	for _, mf := range r.files {
 		r.res.BytesWritten += mf.written
 		r.res.HugePages += mf.hugePages
-		r.res.HugePagesLeft += mf.hugeLeft
 	}
 	return nil
 }
@@ -436,19 +434,18 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 	}
 	defer f.Close()
 	fd := int(f.Fd())
-	// A fresh file's dense stretches become huge pages while it is written, ahead of the
-	// copy (huge.go); a preallocated or placed file has them already.
+	// With HugePages, a fresh file's dense stretches become huge pages while it is
+	// written, ahead of the copy (huge.go); a preallocated or placed file has them already.
 	var huge *hugeMaker
-	if !r.opts.SmallPages && !mf.prealloc {
+	if r.opts.HugePages && !mf.prealloc {
 		plan, err := r.hugePlan(mf, pages)
 		if err != nil {
 			return err
 		}
-		huge = startHuge(ctx, fd, plan, rewriteHugeWorkers, rewriteHugeBatch)
+		huge = startHuge(ctx, fd, plan)
 		defer huge.finish() // before the file is closed
 	}
-	// Stretch by stretch, in address order, each once it is ready (huge.go); while the
-	// huge pages' allocation is behind, from the other end too.
+	// Stretch by stretch, in address order, each once it is ready (huge.go).
 	units := r.fillUnits(ctx, fd, mf, pages)
 	ats := make([]int64, len(units))
 	for k, u := range units {
@@ -473,9 +470,6 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 		}
 	}
 	mf.hugePages = len(huge.finish())
-	if huge != nil {
-		mf.hugeLeft = huge.dropped
-	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("stat memory file %s: %w", mf.name, err)

@@ -27,8 +27,8 @@ type MemfileOptions struct {
 	NoFilePrivate bool
 	// Rebase forces (true) a rebase; nil decides by RebaseFraction.
 	Rebase *bool
-	// SmallPages: see memfile.Options.SmallPages.
-	SmallPages bool
+	// HugePages: see memfile.Options.HugePages.
+	HugePages bool
 	// KSM: see memfile.Options.KSM (a ksm tree's forks).
 	KSM bool
 	// SkipSharedCount: see memfile.Options.SkipSharedCount (a fork's transient snapshot).
@@ -101,7 +101,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 		Prefix:             s.ID,
 		Rebase:             rebase,
 		AllowAllocators:    o.Force,
-		SmallPages:         o.SmallPages,
+		HugePages:          o.HugePages,
 		KSM:                o.KSM,
 		SkipSharedCount:    o.SkipSharedCount,
 	})
@@ -113,7 +113,7 @@ func Memfile(ctx context.Context, s *stage.Snapshot, o MemfileOptions) (*stage.S
 	s.Memfile = &stage.MemfileStats{
 		Files: len(res.Files), VMAsConverted: res.VMAsConverted, FileVMAsConverted: res.FileVMAsConverted,
 		PagesMoved: res.PagesMoved, PagesKept: res.PagesKept, SharedPages: res.SharedPages,
-		DeltaPages: res.DeltaPages, Rebased: res.VMAsRebased > 0, BytesWritten: res.BytesWritten, HugePages: res.HugePages, HugePagesLeft: res.HugePagesLeft,
+		DeltaPages: res.DeltaPages, Rebased: res.VMAsRebased > 0, BytesWritten: res.BytesWritten, HugePages: res.HugePages,
 		PreallocFiles: res.PreallocFiles,
 		Ms:            stage.Ms(res.Duration), MBPerSec: res.MBPerSec,
 	}

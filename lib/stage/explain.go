@@ -46,9 +46,6 @@ func (s *Snapshot) Explain(w io.Writer) {
 	if m.HugePages > 0 {
 		fmt.Fprintf(w, "  %d dense 2 MiB stretches became huge pages (forks map them without page tables)\n", m.HugePages)
 	}
-	if m.HugePagesLeft > 0 {
-		fmt.Fprintf(w, "  %d dense 2 MiB stretches stayed in 4 KiB pages: making huge pages fell behind the copy (forks map them with page tables)\n", m.HugePagesLeft)
-	}
 	fmt.Fprintf(w, "  %d pages stay in the checkpoint (stack, vdso, shared mappings, ...: lf-inspect says which and why)\n", m.PagesKept)
 	fmt.Fprintf(w, "  rewrote the checkpoint's VMAs to map those files MAP_PRIVATE: every fork shares their pages on tmpfs and copies one only when it writes it\n")
 	fmt.Fprintf(w, "next: lf-restore -n N restores forks that map %s at /.lazyfork/mem\n", s.FamilyDir)

@@ -131,8 +131,7 @@ type MemfileStats struct {
 	Rebased           bool    `json:"rebased"`
 	BytesWritten      int64   `json:"bytes_written"`
 	HugePages         int     `json:"huge_pages"`
-	HugePagesLeft     int     `json:"huge_pages_left,omitempty"` // dense stretches left in small pages: allocation fell behind the copy
-	PreallocFiles     int     `json:"prealloc_files,omitempty"`  // written into preallocated pages
+	PreallocFiles     int     `json:"prealloc_files,omitempty"` // written into preallocated pages
 	Ms                float64 `json:"ms"`
 	MBPerSec          float64 `json:"mb_per_sec"`
 }
