@@ -765,7 +765,6 @@ class Bench:
             memfile_ms=m.get("ms"), memfile_mb_s=m.get("mb_per_sec"), memfile_bytes=m.get("bytes_written"),
             pages_moved=m.get("pages_moved"), pages_kept=m.get("pages_kept"), delta_pages=m.get("delta_pages"),
             files=m.get("files"), file_vmas_converted=m.get("file_vmas_converted"), huge_pages=m.get("huge_pages"),
-            huge_pages_left=m.get("huge_pages_left", 0),
             pipeline_wall_ms=s.get("_wall_ms")))
 
     # ---------- one copy of the memory per family ----------
@@ -822,18 +821,18 @@ class Bench:
         self.row("lazyfork-anon-only", heap, n, ms, wall, pre, post, dict(note="lf-memfile --no-file-private"))
         self.delete([f["id"] for f in forks])
 
-    # ---------- huge pages (the default) vs lf-memfile --huge-pages=false ----------
+    # ---------- huge pages: lf-memfile --huge-pages ----------
 
     def huge_rows(self, heap, src):
-        s = self.dump(src["id"], memfile_args=["--huge-pages=false"])
-        self.snap_row(heap, "memfiled --huge-pages=false", s)
+        s = self.dump(src["id"], memfile_args=["--huge-pages"])
+        self.snap_row(heap, "memfiled --huge-pages", s)
         for n in self.cfg["huge_ns"]:
             pre = self.quiet()
-            forks, wall, _, smp = self.restore(s, n, [self.name(f"h{heap}", "small", f"n{n}", i) for i in range(n)])
+            forks, wall, _, smp = self.restore(s, n, [self.name(f"h{heap}", "huge", f"n{n}", i) for i in range(n)])
             ms = self.measure(forks, smp)
             post = meminfo()
-            self.row("lazyfork-small-pages", heap, n, ms, wall, pre, post, dict(
-                note="lf-memfile --huge-pages=false (4 KiB pages)",
+            self.row("lazyfork-huge", heap, n, ms, wall, pre, post, dict(
+                note=f"lf-memfile --huge-pages ({s['memfile'].get('huge_pages')} huge pages)",
                 memfile_ms=s["memfile"]["ms"], memfile_mb_s=s["memfile"]["mb_per_sec"]))
             self.delete([f["id"] for f in forks])
 

@@ -122,9 +122,7 @@ def render(b):
                   [[s["heap_mb"], s["kind"], ms(s["dump_wall_ms"]), ms(s["dump_frozen_ms"]), num(s["pages_written"]),
                     ms(s.get("memfile_ms")), ms(s.get("memfile_mb_s")), mb(s.get("memfile_bytes"), 1),
                     f"{num(s.get('pages_moved'))} / {num(s.get('pages_kept'))}",
-                    f"{num(s.get('files'))} ({num(s.get('file_vmas_converted'))})",
-                    num(s.get("huge_pages")) + (f" ({num(s['huge_pages_left'])} left small)" if s.get("huge_pages_left") else "")]
-                   for s in b.snaps]))
+                    f"{num(s.get('files'))} ({num(s.get('file_vmas_converted'))})", num(s.get("huge_pages"))] for s in b.snaps]))
     if b.copies:
         w(table(["heap MiB", "pages-*.img MB", "memfile MB/s", "cp MB/s", "dd bs=1M MB/s", "memfile / best copy"],
                 [[c["heap_mb"], mb(c["image_pages_bytes"], 1), ms(c["memfile_mb_s"]), ms(c["cp_mb_s"]),
@@ -174,23 +172,25 @@ def render(b):
                  "restore ms p50"], rs))
         w("")
 
-    # ---- huge pages (default) vs --huge-pages=false ----
-    small = ran(rows, "lazyfork-small-pages")
-    if small:
-        section("Huge pages for the memory files (the default; `--huge-pages=false` keeps 4 KiB pages)",
+    # ---- huge pages before/after ----
+    huge = ran(rows, "lazyfork-huge")
+    if huge:
+        section("Huge pages for the memory files (`lf-memfile --huge-pages`, `lazyfork fork --huge-pages`)",
                 "A fork maps the heap's memory file MAP_PRIVATE; every 2 MiB stretch it reads through 4 KiB pages costs "
-                "it a 4 KiB page table. By default each 2 MiB stretch of anonymous memory that is at least 3/4 non-zero "
-                "data is one huge page of the memory file, which forks map with no page table. A copy's rewrite "
-                "(`lf-memfile`, `lazyfork fork --copy`, these rows) allocates them zeroed on two threads just ahead of "
-                "its copy and copies the pages into them once; a stretch whose allocation falls behind (the copy waits "
-                "a tenth of its time at most) stays in 4 KiB pages (\"left small\" in the snapshot table). A running "
-                "container's first `lazyfork fork` (the swap) allocates them before the freeze (the dump's "
-                "prealloc_huge_pages) and the dump is written into them.")
-        def memfile_ms_of(r, kind):
-            return next((s for s in b.snaps if s["heap_mb"] == r["heap_mb"] and s["kind"] == kind), {}).get("memfile_ms")
+                "it a 4 KiB page table. With `--huge-pages` the rewrite allocates each 2 MiB stretch of anonymous memory "
+                "that is >= 3/4 non-zero data as one zeroed huge page (MADV_COLLAPSE of one page) just ahead of its copy, "
+                "on two threads, and copies the pages into it once; forks map it with no page table. A running "
+                "container's first `lazyfork fork` (the swap, its default) gets this without the flag: its dense stretches "
+                "are allocated as huge pages before the freeze (the dump's prealloc_huge_pages) and the dump is written "
+                "into them, at no rewrite cost. For a copy (`lf-memfile`, `--copy`, these rows) it is not the default "
+                "because on this VM fresh huge pages slow the rewrite: its balloon hands free 2 MiB blocks back to the "
+                "host, and the allocation's host faults slow the copy beside it too (see memfile ms and "
+                "bench/huge_pages.py).")
+        def default_memfile_ms(r):
+            return next((s for s in b.snaps if s["heap_mb"] == r["heap_mb"] and s["kind"] == "memfiled"), {}).get("memfile_ms")
         rs = beside_default(
-            rows, small, lambda r, base: (("huge pages (default)", base, memfile_ms_of(r, "memfiled")),
-                                          ("4 KiB pages (--huge-pages=false)", r, r.get("memfile_ms"))),
+            rows, huge, lambda r, base: (("4 KiB pages (default)", base, default_memfile_ms(r)),
+                                         ("huge pages", r, r.get("memfile_ms"))),
             lambda x, lab, mfms: [x["heap_mb"], x["n"], lab, mb(x["fork_mem_p50_bytes"], 3), mb(x.get("kmem_p50_bytes"), 3),
                                   mb(x.get("pte_p50_bytes"), 3), ms(x["restore_p50_ms"]), ms(mfms)])
         w(table(["heap MiB", "N", "memory files", "MB per fork (p50)", "kmem", "page tables (VmPTE)",
@@ -561,12 +561,12 @@ def issue14_targets(b, target):
     top = (pick(rows, "lazyfork", th, nmax) or [None])[0] or (sc.get(100) if sc else None)
     if top:
         v = top["fork_mem_p50_bytes"]
-        sp = (pick(rows, "lazyfork-small-pages", th, top["n"]) or [None])[0]
+        hp = (pick(rows, "lazyfork-huge", th, top["n"]) or [None])[0]
         target(f"a fork's memory after {cfg['settle']:.0f} s of the workload, default options", "<= 0.8 MB",
                f"{mb(v, 3)} MB p50, {mb(top['fork_mem_max_bytes'], 3)} MB max (N={top['n']}; rss "
                f"{mb(top.get('rss_p50_bytes'), 3)}, cache {mb(top.get('cache_p50_bytes'), 3)}, kmem "
                f"{mb(top.get('kmem_p50_bytes'), 3)})" +
-               (f"; `--huge-pages=false` {mb(sp['fork_mem_p50_bytes'], 3)} MB" if sp else ""),
+               (f"; `--huge-pages` {mb(hp['fork_mem_p50_bytes'], 3)} MB" if hp else ""),
                v <= 0.8 * MB, "" if v <= 0.8 * MB else mem_why(top, v))
 
 
@@ -620,9 +620,9 @@ def write_readme(b, path):
 def mem_why(top, v):
     pte, kmem, rss = top.get("pte_p50_bytes"), top.get("kmem_p50_bytes"), top.get("rss_p50_bytes")
     s = (f"kmem {mb(kmem, 3)} MB, of it {mb(pte, 3)} MB page tables (VmPTE), and rss {mb(rss, 3)} MB: the stack, "
-         f"the pages it wrote, interpreter state and the random module's reseed after the fork. Every 2 MiB "
-         f"stretch the fork reads from that is not a huge page of the memory file costs it a 4 KiB page table "
-         f"(see the snapshot table for the huge pages the rewrite made and left small)")
+         f"the pages it wrote, interpreter state and the random module's reseed after the fork. By default the "
+         f"heap's memory file is made of 4 KiB pages: every 2 MiB stretch the fork reads from costs it a 4 KiB "
+         f"page table; `--huge-pages` maps dense stretches without one")
     if v > 0.8 * MB:
         s = f"{mb(v - 0.8 * MB, 3)} MB over 0.8 MB; " + s
     return s
