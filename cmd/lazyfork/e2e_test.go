@@ -288,8 +288,15 @@ func TestKilledMidBatch(t *testing.T) {
 	})
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
-	time.Sleep(500 * time.Millisecond) // let criu children finish or die
-	e.must("lazyfork gc")
+	// The killed command's criu workers hold the state lock until they finish or die (seconds
+	// under emulation): gc says so and is run again, as its message tells a user to.
+	testutil.Eventually(t, 30*time.Second, "gc to run once the killed batch's workers are gone", func() bool {
+		_, stderr, code := e.sh("lazyfork gc")
+		if code != 0 && !strings.Contains(stderr, "run gc again when it ends") {
+			t.Fatalf("lazyfork gc: exit %d: %s", code, stderr)
+		}
+		return code == 0
+	})
 	out := e.must("lazyfork list --json")
 	if strings.Contains(out, `"creating"`) {
 		t.Errorf("half-made forks left after gc:\n%s", out)
