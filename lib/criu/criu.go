@@ -154,6 +154,11 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if o.CheckpointDir == "" || o.WorkDir == "" {
 		return nil, errors.New("restore: checkpoint dir and work dir are required")
 	}
+	// Refused on every path, not only where the service would use it: a closed worker is
+	// a caller's mistake, whichever criu this host runs the restore with.
+	if o.Worker != nil && o.Worker.closed() {
+		return nil, errors.New("restore: criu service worker closed before its request")
+	}
 	if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
 		return nil, fmt.Errorf("restore: create %s: %w", o.WorkDir, err)
 	}

@@ -422,6 +422,13 @@ func (w *Worker) end(kill bool) error {
 	return nil
 }
 
+// closed reports whether the worker was closed or has served its request: it serves none.
+func (w *Worker) closed() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ended
+}
+
 // Close kills a worker that has not served a request and waits until it is gone; after a
 // request it does nothing.
 func (w *Worker) Close() {

@@ -257,8 +257,12 @@ func TestPreparedWorker(t *testing.T) {
 	_, img, root2, dumped := dumpContained(t, kdat)
 	opts := RestoreOptions{CheckpointDir: img, WorkDir: filepath.Join(t.TempDir(), "w"), Root: root2,
 		ExternalMounts: map[string]string{"usr": "/usr"}, Service: s, Worker: w}
-	if _, err := Restore(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "worker closed") {
+	if r, err := Restore(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "worker closed") {
 		t.Errorf("restore on a closed worker: err = %v", err)
+		if err == nil { // a second tree would write the same counter
+			_ = r.Process.Kill()
+			_, _ = r.Process.Wait()
+		}
 	}
 	opts.Worker = s.PrepareWorker(context.Background(), ServiceCgroups{})
 	r, err := Restore(context.Background(), opts)

@@ -273,16 +273,8 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	// (network.LockTCP says why). Only where there are some: a lock costs the dump two
 	// netlink transactions, and the source's in-flight segments a retransmission.
 	lockTCP := tcpEstablished && tcpConnected(c.Pid)
-	var unlockTCP func() error
-	unlockConns := func() error {
-		if unlockTCP == nil {
-			return nil
-		}
-		u := unlockTCP
-		unlockTCP = nil
-		return u()
-	}
-	defer func() { _ = unlockConns() }()
+	var conns network.TCPLock
+	defer func() { _ = conns.Unlock() }()
 	res, err := criu.Dump(ctx, criu.DumpOptions{
 		PageServer:     psConn,
 		NetNS:          netns,
@@ -307,11 +299,9 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		Hold: hold,
 		Notify: func(script string, _ int) error {
 			if script == "pre-dump" && lockTCP {
-				u, err := network.LockTCP(fmt.Sprintf("/proc/%d/ns/net", c.Pid))
-				if err != nil {
+				if err := conns.Lock(fmt.Sprintf("/proc/%d/ns/net", c.Pid)); err != nil {
 					return err
 				}
-				unlockTCP = u
 			}
 			if script == "pre-dump" && swap {
 				// As late as can be: criu has set itself up and freezes the tree next.
@@ -322,7 +312,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 			if script != "post-dump" {
 				return nil
 			}
-			if err := unlockConns(); err != nil {
+			if err := conns.Unlock(); err != nil {
 				return err
 			}
 			// The tasks are still frozen: the file system copy matches the memory image
@@ -476,9 +466,10 @@ func unlinkedWithOtherNames(cg *cgroup.Cgroup) (int, string) {
 	})
 }
 
-// breakingLease reports whether a process of the group holds a file lease that is being
-// broken (/proc/locks: "N: LEASE  BREAKING  TYPE PID ...").
-func breakingLease(cg *cgroup.Cgroup) bool {
+// groupLocks calls match with the fields of every /proc/locks line held by a process of
+// the group ("1: FLOCK  ADVISORY  WRITE 1234 00:3f:5678 0 EOF") or with no owner (an OFD
+// lock's pid is -1) and reports whether match said yes to one.
+func groupLocks(cg *cgroup.Cgroup, match func(f []string) bool) bool {
 	b, err := os.ReadFile("/proc/locks")
 	if err != nil {
 		return false
@@ -489,16 +480,20 @@ func breakingLease(cg *cgroup.Cgroup) bool {
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) < 5 || f[1] != "LEASE" || f[2] != "BREAKING" {
+		if len(f) < 5 || (f[4] != "-1" && !slices.Contains(pids, atoiOr(f[4], 0))) {
 			continue
 		}
-		for _, pid := range pids {
-			if f[4] == strconv.Itoa(pid) {
-				return true
-			}
+		if match(f) {
+			return true
 		}
 	}
 	return false
+}
+
+// breakingLease reports whether a process of the group holds a file lease that is being
+// broken (/proc/locks: "N: LEASE  BREAKING  TYPE PID ...").
+func breakingLease(cg *cgroup.Cgroup) bool {
+	return groupLocks(cg, func(f []string) bool { return f[1] == "LEASE" && f[2] == "BREAKING" && f[4] != "-1" })
 }
 
 // wholeFileLock reports whether a flock(2) or open-file-description lock is held on a file
@@ -512,25 +507,9 @@ func wholeFileLock(cg *cgroup.Cgroup, root string) bool {
 		return false
 	}
 	dev := fmt.Sprintf("%02x:%02x:", unix.Major(st.Dev), unix.Minor(st.Dev))
-	b, err := os.ReadFile("/proc/locks")
-	if err != nil {
-		return false
-	}
-	pids, err := cg.Procs()
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		// "1: FLOCK  ADVISORY  WRITE 1234 00:3f:5678 0 EOF"; an OFD lock's pid is -1.
-		f := strings.Fields(line)
-		if len(f) < 6 || (f[1] != "FLOCK" && f[1] != "OFDLCK") || !strings.HasPrefix(f[5], dev) {
-			continue
-		}
-		if f[4] == "-1" || slices.Contains(pids, atoiOr(f[4], 0)) {
-			return true
-		}
-	}
-	return false
+	return groupLocks(cg, func(f []string) bool {
+		return len(f) >= 6 && (f[1] == "FLOCK" || f[1] == "OFDLCK") && strings.HasPrefix(f[5], dev)
+	})
 }
 
 func atoiOr(s string, def int) int {

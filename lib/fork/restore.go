@@ -402,27 +402,14 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 	// before the first socket (the namespace is made here, or by CRIU: at
 	// setup-namespaces) until post-restore, when all are there and still in repair mode
 	// (CRIU takes them out of it later).
-	var unlockTCP func() error
+	var conns network.TCPLock
 	lockTCP := func(nsPath string) error {
-		if unlockTCP != nil || netns != "" || !criu.CheckpointHasTCP(s.CheckpointDir) {
+		if conns.Held() || netns != "" || !criu.CheckpointHasTCP(s.CheckpointDir) {
 			return nil
 		}
-		u, err := network.LockTCP(nsPath)
-		if err != nil {
-			return err
-		}
-		unlockTCP = u
-		return nil
+		return conns.Lock(nsPath)
 	}
-	unlock := func() error {
-		if unlockTCP == nil {
-			return nil
-		}
-		u := unlockTCP
-		unlockTCP = nil
-		return u()
-	}
-	defer func() { _ = unlock() }() // a failed restore: its namespace goes with it anyway
+	defer func() { _ = conns.Unlock() }() // a failed restore: its namespace goes with it anyway
 	if joinNetNS != "" {
 		if err := lockTCP(joinNetNS); err != nil {
 			return fmt.Errorf("fork %s: %w", c.ID, err)
@@ -468,7 +455,7 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 				}
 				return container.AttachNetwork(pid, c, parentAddr)
 			case "post-restore":
-				if err := unlock(); err != nil {
+				if err := conns.Unlock(); err != nil {
 					return err
 				}
 				// A namespace CRIU restored has its dumped ruleset back: the dump's lock

@@ -92,3 +92,33 @@ func UnlockTCP(nsPath string) error {
 	}
 	return nil
 }
+
+// TCPLock holds at most one LockTCP at a time and lets it go once: a dump or restore
+// locks at one CRIU notification, unlocks at a later one, and unlocks on every way out.
+type TCPLock struct{ unlock func() error }
+
+// Lock locks nsPath's TCP unless this holder already holds a lock.
+func (l *TCPLock) Lock(nsPath string) error {
+	if l.unlock != nil {
+		return nil
+	}
+	u, err := LockTCP(nsPath)
+	if err != nil {
+		return err
+	}
+	l.unlock = u
+	return nil
+}
+
+// Held reports whether a lock is held.
+func (l *TCPLock) Held() bool { return l.unlock != nil }
+
+// Unlock releases the lock held, if any; a second call does nothing.
+func (l *TCPLock) Unlock() error {
+	if l.unlock == nil {
+		return nil
+	}
+	u := l.unlock
+	l.unlock = nil
+	return u()
+}
