@@ -130,12 +130,20 @@ for entry in $PKGS; do
 		continue
 	fi
 	log=$S/result/$(echo "$pkg" | tr / _).log
+	# Source checks read the checkout with the Go toolchain, which the guest has not; they
+	# test no host behaviour and run in make test. Named here, never skipped silently.
+	skip=
+	case $pkg in */lib/stagecmd)
+		skip='-test.skip=^(TestStageDependencies|TestLibReadsNoEnvironment)$'
+		say "# $pkg: TestStageDependencies and TestLibReadsNoEnvironment not run in the guest (source checks with the Go toolchain; make test runs them)"
+		;;
+	esac
 	ts=$(cut -d' ' -f1 /proc/uptime)
 	(
 		echo 0 >$svc/cgroup.procs # moves this subshell (the writer) into the service
 		cd "$dir" &&
 			exec env HOME=/root LF_REQUIRE_PRIV=1 LAZYFORK_BIN="$REPO/bin" $EXTRA_ENV \
-				timeout -k 10 "$((PKG_TIMEOUT + 60))" $S/tests/$bin -test.count=1 -test.v=false -test.timeout="${PKG_TIMEOUT}s" $TEST_ARGS
+				timeout -k 10 "$((PKG_TIMEOUT + 60))" $S/tests/$bin -test.count=1 -test.v=false -test.timeout="${PKG_TIMEOUT}s" $skip $TEST_ARGS
 	) >$log 2>&1
 	rc=$?
 	el=$(awk -v a=$ts -v b=$(cut -d' ' -f1 /proc/uptime) 'BEGIN{printf "%.3f", b-a}')
