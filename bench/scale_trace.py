@@ -16,27 +16,18 @@ named scale-<pid>-... and deleted at the end, also on failure.
 import argparse
 import json
 import os
-import re
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from trace_repeat import IDS, LINE, run  # bench/ is this script's directory
 
 HERE = Path(__file__).resolve().parent
 AGENT = (HERE / "agent.py").read_text()
 IMAGE = os.environ.get("LF_BENCH_IMAGE", "lazyfork/debian:bookworm")
 PREFIX = f"scale-{os.getpid()}"
-IDS = re.compile(r"\b(s?[0-9a-f]{12})\b")
-LINE = re.compile(r"^\s*(-?[0-9.]+)\s+([0-9.]+)  (.*)$")
-
-
-def run(args, env, check=True, timeout=1800, stdin=None):
-    p = subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout, input=stdin)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, args[:3]))}: exit {p.returncode}: {p.stderr.strip()[-2000:]}")
-    return p
 
 
 def steps(stderr):
@@ -84,7 +75,7 @@ def main():
                 for i, b in enumerate(bins):
                     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                     t0 = time.monotonic()
-                    p = run([b / "lf-restore", "-n", n, "--trace"], env, stdin=snap)
+                    p = run([b / "lf-restore", "-n", n, "--trace"], env, stdin=snap, timeout=1800)
                     wall = time.monotonic() - t0
                     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                     cpu = (ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime) * 1000

@@ -33,8 +33,8 @@ IDS = re.compile(r"\b(s?[0-9a-f]{12})\b")
 LINE = re.compile(r"^\s*(-?[0-9.]+)\s+([0-9.]+)  (.*)$")
 
 
-def run(args, env, check=True, timeout=600):
-    p = subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout)
+def run(args, env, check=True, timeout=600, stdin=None):
+    p = subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout, input=stdin)
     if check and p.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, args))}: exit {p.returncode}: {p.stderr.strip()[-2000:]}")
     return p
