@@ -4,7 +4,8 @@
 # Boots Debian trixie's kernel in qemu with cgroup_no_v1=all and
 # systemd.unified_cgroup_hierarchy=1, on a debootstrapped trixie root (CRIU 4.1 from
 # Debian) shared read-only over virtiofs, and runs every package's compiled test binary
-# inside it (scripts/v2/guest-init.sh), printing go test's ok/FAIL lines and a final
+# inside it (scripts/v2/guest-init.sh), then the README demo, printing go test's ok/FAIL
+# lines (the demo counted as one more) and a final
 # "N passed, N failed". Exit code 0 only if every package passed.
 #
 # Nothing is installed on the host except qemu-system-x86 from the host's own release
@@ -38,6 +39,8 @@
 #   LF_V2_ENV      extra VAR=value words for the tests
 #   LF_V2_PATCH    a patch (-p1) applied to the snapshot of the checkout that is built and
 #                  tested: try a fix in the VM without touching the working tree
+#   LF_V2_DEMO=0   do not run the README demo (scripts/demo.sh) after the tests; LF_V2_DEMO_N
+#                  its fork count (100)
 #   LF_V2_KEEP=1   keep the run directory (logs are always copied to $LF_V2_CACHE/last)
 #
 # The binaries and test binaries are built from a snapshot of the working tree at
@@ -216,6 +219,8 @@ TEST_ARGS='${LF_V2_TEST_ARGS:-}'
 EXTRA_ENV='${LF_V2_ENV:-}'
 CGROUP_PARENT='${LF_V2_CGROUP_PARENT:-}'
 TIME_SCALE='@TIME_SCALE@'
+DEMO='${LF_V2_DEMO:-1}'
+DEMO_N='${LF_V2_DEMO_N:-100}'
 EOF
 log "run prepared in $(since "$t")s: ${#testpkgs[@]} test binaries, checkout, binaries, image store"
 

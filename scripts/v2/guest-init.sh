@@ -3,7 +3,8 @@
 # share at /mnt/lazyfork-v2). Makes the read-only virtiofs root writable (overlay on
 # tmpfs), mounts a pure cgroup v2 hierarchy laid out the way systemd lays it out, checks
 # the kernel really is v2-only, then runs the compiled test binaries of the project one
-# package at a time and prints go test's ok/FAIL lines. Always powers the VM off.
+# package at a time and prints go test's ok/FAIL lines, then runs the README demo. Always
+# powers the VM off.
 set -u
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 S=/mnt/lazyfork-v2
@@ -170,6 +171,38 @@ for entry in $PKGS; do
 	left=$(find $svc /sys/fs/cgroup/lazyfork ${CGROUP_PARENT:+/sys/fs/cgroup$CGROUP_PARENT} -mindepth 1 -type d 2>/dev/null | head -5 | tr '\n' ' ')
 	[ -n "$left" ] && say "# cgroups left after $pkg: $left"
 done
+# 6. The README demo (make demo's scripts/demo.sh) on the binaries under test: a counter
+#    container forked, frozen and thawed, then a 256 MiB heap forked $DEMO_N times beside
+#    plain CRIU restores. Counted like a package.
+if [ "${DEMO:-1}" = 1 ]; then
+	log=$S/result/demo.log
+	ts=$(cut -d' ' -f1 /proc/uptime)
+	(
+		echo 0 >$svc/cgroup.procs
+		cd "$REPO" &&
+			exec env HOME=/root LAZYFORK="$REPO/bin/lazyfork" DEMO_N="${DEMO_N:-100}" $EXTRA_ENV \
+				timeout -k 10 "$PKG_TIMEOUT" bash scripts/demo.sh
+	) >$log 2>&1
+	rc=$?
+	el=$(awk -v a=$ts -v b=$(cut -d' ' -f1 /proc/uptime) 'BEGIN{printf "%.3f", b-a}')
+	if [ $rc = 0 ]; then
+		pass=$((pass + 1))
+		# The demo's closing table: forks beside plain restores, as measured in the guest.
+		grep -A 8 'memory  *time' $log | sed 's/^/#   /' >$out
+		say "ok  	demo (scripts/demo.sh, DEMO_N=${DEMO_N:-100})	${el}s"
+	else
+		fail=$((fail + 1))
+		failed="$failed demo"
+		tail -n 60 $log >$out
+		say "FAIL	demo (scripts/demo.sh, DEMO_N=${DEMO_N:-100})	${el}s"
+	fi
+	left=$(awk '$5 ~ "^/(tmp|dev/shm|var/lib/lazyfork)/" {print $5}' /proc/self/mountinfo | head -5)
+	[ -n "$left" ] && say "# mounts left after the demo: $left"
+	left=$(find $svc /sys/fs/cgroup/lazyfork ${CGROUP_PARENT:+/sys/fs/cgroup$CGROUP_PARENT} -mindepth 1 -type d 2>/dev/null | head -5 | tr '\n' ' ')
+	[ -n "$left" ] && say "# cgroups left after the demo: $left"
+else
+	say "# demo not run (LF_V2_DEMO=0)"
+fi
 say "# $pass passed, $fail failed${failed:+:$failed} ($(awk -v a=$t0 -v b=$(cut -d' ' -f1 /proc/uptime) 'BEGIN{printf "%.0f", b-a}')s in the VM)"
 echo "$pass $fail" >$S/result/counts
 [ $fail = 0 ] && echo 0 >$S/result/rc || echo 1 >$S/result/rc
