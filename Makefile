@@ -12,6 +12,7 @@ all: build
 build:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/lazyfork ./cmd/lazyfork
+	$(GO) build -o $(BIN)/lazyfork-engine ./cmd/lazyfork-engine
 	$(GO) build -o $(BIN)/lazyfork-helper ./cmd/lazyfork-helper
 	@ln -sf lazyfork $(BIN)/lfork
 	@for s in $(STAGES); do if [ -d $$s ]; then $(GO) build -o $(BIN)/$$s ./$$s || exit 1; fi; done

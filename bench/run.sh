@@ -14,7 +14,7 @@ for a in "$@"; do [[ $a == --smoke ]] && smoke=1; [[ $a == --only* ]] && partial
 die() { echo "bench: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "must run as root (containers and CRIU need it)"
 command -v python3 >/dev/null || die "python3 not found (apt-get install python3)"
-for b in lazyfork lazyfork-helper lf-dump lf-memfile lf-restore lf-overlay lf-cgroup; do
+for b in lazyfork lazyfork-engine lazyfork-helper lf-dump lf-memfile lf-restore lf-overlay lf-cgroup; do
   [[ -x $bin/$b ]] || die "$bin/$b missing: run 'make build' first"
 done
 # The CRIU LazyFork runs (lib/criu.FindBinary): $LAZYFORK_CRIU, the private one of

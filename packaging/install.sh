@@ -4,7 +4,7 @@
 #   SYSTEMDUNITDIR ($PREFIX/lib/systemd/system), STAGES (the Makefile's list).
 #
 # install puts in $DESTDIR$PREFIX:
-#   bin/lazyfork, bin/lfork -> lazyfork, bin/lazyfork-helper (lazyfork exec starts it),
+#   bin/lazyfork, bin/lfork -> lazyfork, bin/lazyfork-engine (lazyfork hands it what no daemon serves), bin/lazyfork-helper (lazyfork exec starts it),
 #   bin/lf-* (the stage binaries that were built)
 #   $SYSTEMDUNITDIR/lazyfork.service             (`lazyfork daemon run`)
 #   share/bash-completion/completions/lazyfork   (+ lfork, lf-* -> lazyfork, for bash-completion's loader)
@@ -60,15 +60,17 @@ do_install() {
     while IFS= read -r e; do note "$e"; done <"$DESTDIR$manifest"
   fi
   local bindir=$PREFIX/bin s n=0
+  [ -x "$BIN/lazyfork-engine" ] || { say install "no $BIN/lazyfork-engine (lazyfork runs what no daemon serves with it): run make build first"; exit 1; }
   [ -x "$BIN/lazyfork-helper" ] || { say install "no $BIN/lazyfork-helper (lazyfork exec starts it): run make build first"; exit 1; }
   put 755 "$BIN/lazyfork" "$bindir/lazyfork"
+  put 755 "$BIN/lazyfork-engine" "$bindir/lazyfork-engine" # found next to lazyfork
   put 755 "$BIN/lazyfork-helper" "$bindir/lazyfork-helper" # found next to lazyfork
   link lazyfork "$bindir/lfork"
   built=()
   for s in $STAGES; do
     if [ -x "$BIN/$s" ]; then put 755 "$BIN/$s" "$bindir/$s"; built+=("$s"); n=$((n + 1)); fi
   done
-  say install "lazyfork, lfork, lazyfork-helper and $n stage binaries in $DESTDIR$bindir"
+  say install "lazyfork, lfork, lazyfork-engine, lazyfork-helper and $n stage binaries in $DESTDIR$bindir"
 
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT

@@ -29,6 +29,7 @@ root=$dest$prefix
 b=$root/bin
 t "bin/lazyfork runs (--help)" "$b/lazyfork" --help
 t "bin/lfork -> lazyfork" test "$(readlink "$b/lfork")" = lazyfork
+t "bin/lazyfork-engine is next to lazyfork (lazyfork hands it what no daemon serves)" "$b/lazyfork-engine" --help
 t "bin/lazyfork-helper is next to lazyfork (lazyfork exec starts it)" test -x "$b/lazyfork-helper"
 stages=$(make -s -f - <<<'include Makefile
 print-stages: ; @echo $(STAGES)' print-stages)

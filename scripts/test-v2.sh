@@ -180,6 +180,7 @@ fi
 mkdir -p "$src/bin"
 stages=$(sed -n 's/^STAGES *:= *//p' "$src/Makefile")
 (cd "$src" && nice -n 10 go build -o bin/lazyfork ./cmd/lazyfork && ln -sf lazyfork bin/lfork &&
+	nice -n 10 go build -o bin/lazyfork-engine ./cmd/lazyfork-engine &&
 	nice -n 10 go build -o bin/lazyfork-helper ./cmd/lazyfork-helper &&
 	for s in $stages; do
 		[ ! -d "$s" ] || nice -n 10 go build -o "bin/$s" "./$s" || exit 1

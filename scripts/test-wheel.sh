@@ -10,7 +10,7 @@ whl=$(bash scripts/wheel.sh "$tmp/dist" | tail -1)
 python3 -m pip install -q --root-user-action=ignore --no-deps --no-index --prefix "$tmp/prefix" "$whl"
 export PATH="$tmp/prefix/bin:$PATH"
 fail=0
-for b in lazyfork lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree lf-inspect; do
+for b in lazyfork lazyfork-engine lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree lf-inspect; do
   if [ "$(command -v "$b")" != "$tmp/prefix/bin/$b" ] || ! "$b" --help >/dev/null 2>&1; then
     echo "test-wheel: $b is not on PATH from the wheel or does not run" >&2; fail=1
   fi
@@ -23,4 +23,4 @@ fi
 site=$(find "$tmp/prefix" -type d -name site-packages | head -1)
 PYTHONPATH=$site python3 -c 'import lazyfork.client, lazyfork.hook' || { echo "test-wheel: the SDK does not import" >&2; fail=1; }
 size=$(du -h "$whl" | cut -f1)
-[ $fail = 0 ] && echo "test-wheel: PASS ($(basename "$whl"), $size: lazyfork, lazyfork-helper, 7 stage tools, SDK)" || { echo "test-wheel: FAIL" >&2; exit 1; }
+[ $fail = 0 ] && echo "test-wheel: PASS ($(basename "$whl"), $size: lazyfork, lazyfork-engine, lazyfork-helper, 7 stage tools, SDK)" || { echo "test-wheel: FAIL" >&2; exit 1; }

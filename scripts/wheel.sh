@@ -9,6 +9,7 @@ out=${1:-dist}
 bins=$(mktemp -d)
 trap 'rm -rf "$bins"' EXIT
 CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bins/lazyfork" ./cmd/lazyfork
+CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bins/lazyfork-engine" ./cmd/lazyfork-engine
 CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bins/lazyfork-helper" ./cmd/lazyfork-helper
 for s in lf-dump lf-memfile lf-restore lf-overlay lf-cgroup lf-tree lf-inspect; do
   [ -d "$s" ] && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bins/$s" "./$s"

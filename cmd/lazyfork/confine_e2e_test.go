@@ -8,19 +8,6 @@ import (
 	"testing"
 )
 
-func TestParseBytes(t *testing.T) {
-	for in, want := range map[string]int64{"": 0, "4096": 4096, "64k": 64 << 10, "512m": 512 << 20, "2G": 2 << 30} {
-		if got, err := parseBytes(in); err != nil || got != want {
-			t.Errorf("parseBytes(%q) = %d, %v, want %d", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"12x", "-1", "0", "m", "1.5g", "99999999999g"} {
-		if _, err := parseBytes(bad); err == nil || !strings.Contains(err.Error(), "--memory") {
-			t.Errorf("parseBytes(%q) err = %v, want a --memory error", bad, err)
-		}
-	}
-}
-
 // TestCreateConfinementFlags: --user, --memory and --pids-limit reach the container and
 // its cgroup, --privileged gives every capability and no filter, and bad values are
 // one-line errors that leave nothing.

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 			panic(err)
 		}
 		defer os.RemoveAll(dir)
-		for _, pkg := range []string{"./cmd/lazyfork", "./cmd/lazyfork-helper", "./lf-dump", "./lf-memfile", "./lf-restore", "./lf-tree", "./lf-overlay", "./lf-cgroup", "./lf-inspect"} {
+		for _, pkg := range []string{"./cmd/lazyfork", "./cmd/lazyfork-engine", "./cmd/lazyfork-helper", "./lf-dump", "./lf-memfile", "./lf-restore", "./lf-tree", "./lf-overlay", "./lf-cgroup", "./lf-inspect"} {
 			out, err := exec.Command("go", "build", "-C", "../..", "-o", filepath.Join(dir, filepath.Base(pkg)), pkg).CombinedOutput()
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)

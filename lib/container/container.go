@@ -21,6 +21,7 @@ import (
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/confine"
+	"github.com/lazyfork/lazyfork/lib/container/config"
 	"github.com/lazyfork/lazyfork/lib/fsutil"
 	"github.com/lazyfork/lazyfork/lib/image"
 	"github.com/lazyfork/lazyfork/lib/network"
@@ -52,15 +53,7 @@ type Runtime struct {
 // Config is the operator's settings a Runtime works with. The commands that make or
 // dump containers embed it in their command lines, so kong reads them from the flags or
 // the environment in the main; nothing in lib reads the environment for them.
-type Config struct {
-	CgroupParent string `help:"Parent cgroup path for containers (default: lazyfork/ under this process's cgroup on v1, /lazyfork on v2; README, State on disk)." env:"LAZYFORK_CGROUP_PARENT"`
-	Bridge       string `help:"Host bridge of bridge-mode containers (default lfbr0)." env:"LAZYFORK_BRIDGE"`
-	Subnet       string `help:"IPv4 network of bridge-mode containers (default 10.88.0.0/16)." env:"LAZYFORK_SUBNET"`
-	CRIU         string `name:"criu" help:"CRIU binary to run (default: the private one from make setup, else /usr/sbin/criu; never one found on PATH)." env:"LAZYFORK_CRIU" placeholder:"PATH"`
-	// Kept as text and read when an image is unpacked (image.Store.MaxLayerBytes), so a
-	// bad value fails a pull with a message naming the setting, not every command.
-	MaxLayerBytes string `help:"Most one image may unpack to: bytes, or a number with K, M, G or T; 0 or none for no limit (default 8G)." env:"LAZYFORK_MAX_LAYER_BYTES" placeholder:"SIZE"`
-}
+type Config = config.Config // its own package: the lazyfork client parses it too
 
 // Open opens the stores under paths.Root() with the operator's settings.
 func Open(cfg Config) (*Runtime, error) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/daemon"
 	"github.com/lazyfork/lazyfork/lib/paths"
 )
@@ -17,14 +18,14 @@ import (
 // the one recorded, Running is not sure and the command asks the socket.
 func TestRunningFromLockFile(t *testing.T) {
 	socket := filepath.Join(t.TempDir(), "d", "lazyfork.sock")
-	if _, _, ok := daemon.Running(socket); ok {
+	if _, _, ok := client.Running(socket); ok {
 		t.Fatal("Running before any daemon")
 	}
 	_, closeFn, err := daemon.Listen(socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, run, ok := daemon.Running(socket)
+	root, run, ok := client.Running(socket)
 	if !ok || root != paths.Root() || run != paths.Run() {
 		t.Errorf("Running while listening: %q %q %v, want %q %q", root, run, ok, paths.Root(), paths.Run())
 	}
@@ -32,7 +33,7 @@ func TestRunningFromLockFile(t *testing.T) {
 		t.Errorf("second daemon: %v", err)
 	}
 	closeFn()
-	if _, _, ok := daemon.Running(socket); ok {
+	if _, _, ok := client.Running(socket); ok {
 		t.Error("Running after the daemon stopped")
 	}
 	// Forged or stale: a pid that is gone, or a start time that is not its process's.
@@ -45,7 +46,7 @@ func TestRunningFromLockFile(t *testing.T) {
 		if err := os.WriteFile(socket+".lock", []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, ok := daemon.Running(socket); ok {
+		if _, _, ok := client.Running(socket); ok {
 			t.Errorf("Running with lock file %q", body)
 		}
 	}

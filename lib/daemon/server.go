@@ -547,8 +547,8 @@ func listen(socket string) (l net.Listener, closeFn func(), madeDir bool, err er
 		l.Close()
 		return nil, nil, false, fmt.Errorf("listen on %s: %w", socket, err)
 	}
-	// Listening: from now on Running may send commands here without asking first.
-	info, _ := json.Marshal(lockInfo{Pid: os.Getpid(), Start: selfStart(), Root: paths.Root(), Run: paths.Run()})
+	// Listening: from now on client.Running may send commands here without asking first.
+	info, _ := json.Marshal(client.LockInfo{Pid: os.Getpid(), Start: selfStart(), Root: paths.Root(), Run: paths.Run()})
 	_, _ = lf.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"+string(info)+"\n"), 0)
 	return l, func() {
 		_ = lf.Truncate(0) // no longer serving: Running says so at once
@@ -558,39 +558,9 @@ func listen(socket string) (l net.Listener, closeFn func(), madeDir bool, err er
 	}, madeDir, nil
 }
 
-// lockInfo is what SOCKET.lock holds after its pid line: which process serves the socket
-// and for which state directories, so that a command knows without a request (Running).
-type lockInfo struct {
-	Pid   int    `json:"pid"`
-	Start uint64 `json:"start"` // the process's start time (/proc/PID/stat)
-	Root  string `json:"root"`
-	Run   string `json:"run"`
-}
-
 func selfStart() uint64 {
 	st, _ := container.StartTime(os.Getpid())
 	return st
-}
-
-// Running reads which state directories the daemon on socket serves from its lock file:
-// ok only when the file names a live process with the start time recorded (a daemon
-// whose lock it is: Listen holds it while it serves). Otherwise (no file, one of an older
-// daemon, a process gone) the caller asks the socket (client.Ping). A lazyfork command
-// saves a round trip with it (~1-2 ms here).
-func Running(socket string) (root, run string, ok bool) {
-	b, err := os.ReadFile(socket + ".lock")
-	if err != nil {
-		return "", "", false
-	}
-	_, rest, _ := strings.Cut(string(b), "\n")
-	var li lockInfo
-	if json.Unmarshal([]byte(strings.TrimSpace(rest)), &li) != nil || li.Pid <= 0 || li.Start == 0 {
-		return "", "", false
-	}
-	if st, err := container.StartTime(li.Pid); err != nil || st != li.Start {
-		return "", "", false
-	}
-	return li.Root, li.Run, true
 }
 
 // Run is `lazyfork daemon run`: it cleans what a killed predecessor left half-done,

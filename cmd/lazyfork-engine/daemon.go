@@ -35,7 +35,7 @@ type daemonRunCmd struct {
 }
 
 func (c *daemonRunCmd) Run(ctx context.Context, g *Globals) error {
-	rt, err := g.open()
+	rt, err := open(g)
 	if err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ func (c *daemonStatusCmd) Run(ctx context.Context, g *Globals) error {
 		} else {
 			fmt.Printf("daemon not running on %s (%v)\n", g.Socket, err)
 		}
-		return exitError{1}
+		return exitError{Code: 1}
 	}
 	if c.JSON {
 		return printJSON(map[string]any{"running": true, "daemon": info})
@@ -168,7 +168,7 @@ func (daemonStopCmd) Run(ctx context.Context, g *Globals) error {
 type daemonCleanCmd struct{}
 
 func (daemonCleanCmd) Run(ctx context.Context, g *Globals) error {
-	e, err := g.engine(ctx)
+	e, err := g.Engine(ctx)
 	if err != nil {
 		return err
 	}

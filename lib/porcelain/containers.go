@@ -1,4 +1,4 @@
-package main
+package porcelain
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/lazyfork/lazyfork/lib/client"
-	"github.com/lazyfork/lazyfork/lib/daemon"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
 )
 
@@ -37,33 +36,33 @@ type createCmd struct {
 }
 
 func (c *createCmd) Run(ctx context.Context, g *Globals) error {
-	e, err := g.engine(ctx)
+	e, err := g.Engine(ctx)
 	if err != nil {
 		return err
 	}
-	mem, err := limits(c.Memory, c.PidsLimit)
+	mem, err := Limits(c.Memory, c.PidsLimit)
 	if err != nil {
 		return err
 	}
-	in, err := e.Create(ctx, client.CreateRequest{Image: c.Image, Name: c.Name, Command: dashdash(c.Command), Env: c.Env, Hook: c.Hook,
+	in, err := e.Create(ctx, client.CreateRequest{Image: c.Image, Name: c.Name, Command: DashDash(c.Command), Env: c.Env, Hook: c.Hook,
 		User: c.User, Memory: mem, PidsLimit: c.PidsLimit, Privileged: c.Privileged, Net: c.Net, NAT: c.NAT, Join: c.Join}, os.Stderr)
 	if err != nil {
 		return err
 	}
-	return printResult(in, in.ID, c.JSON)
+	return PrintResult(in, in.ID, c.JSON)
 }
 
-// limits checks --memory and --pids-limit and gives the memory limit in bytes.
-func limits(memory string, pidsLimit int64) (int64, error) {
+// Limits checks --memory and --pids-limit and gives the memory limit in bytes.
+func Limits(memory string, pidsLimit int64) (int64, error) {
 	if pidsLimit < 0 {
 		return 0, fmt.Errorf("--pids-limit %d: give a positive number of tasks", pidsLimit)
 	}
-	return parseBytes(memory)
+	return ParseBytes(memory)
 }
 
-// parseBytes reads a --memory value: bytes, or a number with a k, m or g suffix
+// ParseBytes reads a --memory value: bytes, or a number with a k, m or g suffix
 // (powers of 1024). "" is no limit.
-func parseBytes(s string) (int64, error) {
+func ParseBytes(s string) (int64, error) {
 	if s == "" {
 		return 0, nil
 	}
@@ -81,8 +80,8 @@ func parseBytes(s string) (int64, error) {
 	return n * mult, nil
 }
 
-// dashdash drops the "--" that separates a command from lazyfork's own flags.
-func dashdash(args []string) []string {
+// DashDash drops the "--" that separates a command from lazyfork's own flags.
+func DashDash(args []string) []string {
 	if len(args) > 0 && args[0] == "--" {
 		return args[1:]
 	}
@@ -99,17 +98,17 @@ type execCmd struct {
 }
 
 func (c *execCmd) Run(ctx context.Context, g *Globals) error {
-	e, err := g.engine(ctx)
+	e, err := g.Engine(ctx)
 	if err != nil {
 		return err
 	}
-	req := client.ExecRequest{Argv: dashdash(c.Command), Env: c.Env, Cwd: c.Cwd, Timeout: c.Timeout.Seconds()}
+	req := client.ExecRequest{Argv: DashDash(c.Command), Env: c.Env, Cwd: c.Cwd, Timeout: c.Timeout.Seconds()}
 	if c.JSON {
 		res, err := e.Exec(ctx, c.Container, req)
 		if err != nil {
 			return err
 		}
-		return printJSON(res)
+		return PrintJSON(res)
 	}
 	code, err := e.ExecStream(ctx, c.Container, req, client.Stdio{Stdin: stdinFor(e), Stdout: os.Stdout, Stderr: os.Stderr})
 	return exitCode(code, err)
@@ -117,7 +116,7 @@ func (c *execCmd) Run(ctx context.Context, g *Globals) error {
 
 // stdinFor is what an exec reads: this process's stdin, except that a terminal is not
 // forwarded to a daemon (a command without --tty would only steal keystrokes).
-func stdinFor(e engine) io.Reader {
+func stdinFor(e Engine) io.Reader {
 	if _, ok := e.(viaDaemon); ok && term.IsTerminal(int(os.Stdin.Fd())) {
 		return nil
 	}
@@ -129,7 +128,7 @@ func exitCode(code int, err error) error {
 		return err
 	}
 	if code != 0 {
-		return exitError{code}
+		return ExitError{code}
 	}
 	return nil
 }
@@ -140,7 +139,7 @@ type shellCmd struct {
 }
 
 func (c *shellCmd) Run(ctx context.Context, g *Globals) error {
-	e, err := g.engine(ctx)
+	e, err := g.Engine(ctx)
 	if err != nil {
 		return err
 	}
@@ -206,7 +205,7 @@ type attachCmd struct {
 }
 
 func (c *attachCmd) Run(ctx context.Context, g *Globals) error {
-	e, err := g.engine(ctx)
+	e, err := g.Engine(ctx)
 	if err != nil {
 		return err
 	}
@@ -224,7 +223,7 @@ type freezeCmd struct {
 }
 
 func (c *freezeCmd) Run(ctx context.Context, g *Globals) error {
-	return eachContainer(ctx, g, c.Containers, engine.Freeze)
+	return eachContainer(ctx, g, c.Containers, Engine.Freeze)
 }
 
 type thawCmd struct {
@@ -232,7 +231,7 @@ type thawCmd struct {
 }
 
 func (c *thawCmd) Run(ctx context.Context, g *Globals) error {
-	return eachContainer(ctx, g, c.Containers, engine.Thaw)
+	return eachContainer(ctx, g, c.Containers, Engine.Thaw)
 }
 
 type deleteCmd struct {
@@ -240,31 +239,33 @@ type deleteCmd struct {
 }
 
 func (c *deleteCmd) Run(ctx context.Context, g *Globals) error {
-	e, err := g.engine(ctx)
+	e, err := g.Engine(ctx)
 	if err != nil {
 		return err
 	}
 	// In this process: collect what the containers shared once, after the last of them.
-	if svc, ok := e.(*daemon.Service); ok {
+	if svc, ok := e.(interface {
+		DeleteAll(ctx context.Context, refs []string, done func(ref string, err error)) error
+	}); ok {
 		var st failures
 		if err := svc.DeleteAll(ctx, c.Containers, st.report); err != nil {
 			st.report("", err)
 		}
 		return st.exit()
 	}
-	return eachContainerOn(ctx, e, c.Containers, engine.Delete)
+	return eachContainerOn(ctx, e, c.Containers, Engine.Delete)
 }
 
 // eachContainer runs op for every reference and reports every failure, not just the first.
-func eachContainer(ctx context.Context, g *Globals, refs []string, op func(engine, context.Context, string) error) error {
-	e, err := g.engine(ctx)
+func eachContainer(ctx context.Context, g *Globals, refs []string, op func(Engine, context.Context, string) error) error {
+	e, err := g.Engine(ctx)
 	if err != nil {
 		return err
 	}
 	return eachContainerOn(ctx, e, refs, op)
 }
 
-func eachContainerOn(ctx context.Context, e engine, refs []string, op func(engine, context.Context, string) error) error {
+func eachContainerOn(ctx context.Context, e Engine, refs []string, op func(Engine, context.Context, string) error) error {
 	var st failures
 	for _, ref := range refs {
 		st.report(ref, op(e, ctx, ref))
@@ -294,7 +295,7 @@ func (f *failures) report(ref string, err error) {
 
 func (f *failures) exit() error {
 	if f.status != exitcode.OK {
-		return exitError{f.status}
+		return ExitError{f.status}
 	}
 	return nil
 }
@@ -305,7 +306,7 @@ type listCmd struct {
 }
 
 func (c *listCmd) Run(ctx context.Context, g *Globals) error {
-	e, err := g.engine(ctx)
+	e, err := g.Engine(ctx)
 	if err != nil {
 		return err
 	}
@@ -314,7 +315,7 @@ func (c *listCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		return printJSON(rows)
+		return PrintJSON(rows)
 	}
 	if c.Quiet {
 		for _, r := range rows {
@@ -326,7 +327,7 @@ func (c *listCmd) Run(ctx context.Context, g *Globals) error {
 	nameW, parentW := 6, 8
 	parents := make([]string, len(rows))
 	for i, r := range rows {
-		parents[i] = dash(r.ParentName)
+		parents[i] = Dash(r.ParentName)
 		if parents[i] == "-" && r.Parent != "" {
 			parents[i] = r.Parent
 		}
@@ -342,10 +343,10 @@ func (c *listCmd) Run(ctx context.Context, g *Globals) error {
 		if r.Pid > 0 {
 			pid = fmt.Sprint(r.Pid)
 		}
-		fmt.Printf(format, r.ID, dash(r.Name), r.State, parents[i], r.Depth, pid, r.Procs, network(r), humanBytes(r.MemoryBytes))
+		fmt.Printf(format, r.ID, Dash(r.Name), r.State, parents[i], r.Depth, pid, r.Procs, network(r), HumanBytes(r.MemoryBytes))
 		total += r.MemoryBytes
 	}
-	fmt.Printf(" %-*s%11s\n", len(head)-13, fmt.Sprintf("%d total", len(rows)), humanBytes(total))
+	fmt.Printf(" %-*s%11s\n", len(head)-13, fmt.Sprintf("%d total", len(rows)), HumanBytes(total))
 	return nil
 }
 
@@ -354,17 +355,17 @@ func network(r client.Info) string {
 	if r.Address != "" {
 		return r.Address
 	}
-	return dash(r.Net)
+	return Dash(r.Net)
 }
 
-func dash(s string) string {
+func Dash(s string) string {
 	if s == "" {
 		return "-"
 	}
 	return s
 }
 
-func humanBytes(b int64) string {
+func HumanBytes(b int64) string {
 	switch {
 	case b >= 1<<30:
 		return fmt.Sprintf("%.1f GB", float64(b)/(1<<30))
@@ -376,18 +377,18 @@ func humanBytes(b int64) string {
 	return fmt.Sprintf("%d B", b)
 }
 
-func printJSONLine(v any) error { return json.NewEncoder(os.Stdout).Encode(v) }
+func PrintJSONLine(v any) error { return json.NewEncoder(os.Stdout).Encode(v) }
 
-// printResult prints an operation's result: the document with --json, else line (an id).
-func printResult(v any, line string, asJSON bool) error {
+// PrintResult prints an operation's result: the document with --json, else line (an id).
+func PrintResult(v any, line string, asJSON bool) error {
 	if asJSON {
-		return printJSON(v)
+		return PrintJSON(v)
 	}
 	fmt.Println(line)
 	return nil
 }
 
-func printJSON(v any) error {
+func PrintJSON(v any) error {
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)

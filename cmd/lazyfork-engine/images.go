@@ -24,7 +24,7 @@ type imageCmd struct {
 
 // openImages opens the image store as the runtime does (with the operator's size limit).
 func openImages(g *Globals) (*image.Store, error) {
-	rt, err := g.open()
+	rt, err := open(g)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +76,7 @@ type imageRmCmd struct {
 }
 
 func (c *imageRmCmd) Run(g *Globals) error {
-	rt, err := g.open()
+	rt, err := open(g)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package main
+package porcelain
 
 import (
 	"context"
@@ -20,7 +20,7 @@ type clusterForkCmd struct {
 }
 
 func (c *clusterForkCmd) Run(ctx context.Context, g *Globals) error {
-	e, err := g.engine(ctx)
+	e, err := g.Engine(ctx)
 	if err != nil {
 		return err
 	}
@@ -29,10 +29,10 @@ func (c *clusterForkCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		return printJSON(res)
+		return PrintJSON(res)
 	}
 	for _, m := range res.Members {
-		fmt.Fprintf(os.Stderr, "member %s %s: paused %.0f ms by the cut (criu froze it %.0f ms)\n", m.ID, dash(m.Name), m.PauseMs, m.FrozenMs)
+		fmt.Fprintf(os.Stderr, "member %s %s: paused %.0f ms by the cut (criu froze it %.0f ms)\n", m.ID, Dash(m.Name), m.PauseMs, m.FrozenMs)
 	}
 	for i, l := range res.Leaders {
 		fmt.Print(l)

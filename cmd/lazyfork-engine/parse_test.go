@@ -8,6 +8,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/client"
+	"github.com/lazyfork/lazyfork/lib/porcelain"
 )
 
 // TestOneCommandModelParsesAsTheWholeCLI: a command line parsed with the model of the one
@@ -41,7 +42,7 @@ func TestOneCommandModelParsesAsTheWholeCLI(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: the whole CLI: %v", args, err)
 		}
-		one, g := oneCommand(args)
+		one, g := porcelain.OneCommand(reflect.TypeOf(CLI{}), args)
 		if one == nil {
 			t.Fatalf("%q: no one-command model", args)
 		}
@@ -68,7 +69,7 @@ func TestOneCommandModelParsesAsTheWholeCLI(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{{}, {"--help"}, {"fork", "-h"}, {"--trace"}, {"nosuch"}} {
-		if one, _ := oneCommand(args); one != nil {
+		if one, _ := porcelain.OneCommand(reflect.TypeOf(CLI{}), args); one != nil {
 			t.Errorf("%q: a one-command model, want the whole CLI", args)
 		}
 	}

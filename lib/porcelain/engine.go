@@ -1,4 +1,4 @@
-package main
+package porcelain
 
 import (
 	"context"
@@ -8,14 +8,13 @@ import (
 	"time"
 
 	"github.com/lazyfork/lazyfork/lib/client"
-	"github.com/lazyfork/lazyfork/lib/daemon"
 	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
-// engine is what the container commands run on: the daemon when one answers on the
+// Engine is what the container commands run on: the daemon when one answers on the
 // socket and serves the same state directories, otherwise the very same operations in
-// this process (lib/daemon.Service over lib/container and lib/fork).
-type engine interface {
+// process (LocalEngine: lib/daemon.Service over lib/container and lib/fork).
+type Engine interface {
 	Create(ctx context.Context, req client.CreateRequest, progress io.Writer) (*client.Info, error)
 	Fork(ctx context.Context, ref string, req client.ForkRequest, onFork func(client.Fork)) (*client.ForkResult, error)
 	ClusterFork(ctx context.Context, ref string, req client.ClusterForkRequest) (*client.ClusterFork, error)
@@ -36,7 +35,7 @@ type engine interface {
 	Clean(ctx context.Context) ([]string, error)
 }
 
-// viaDaemon is the daemon behind the engine interface.
+// viaDaemon is the daemon behind the Engine interface.
 type viaDaemon struct{ *client.Client }
 
 // Create cannot show pull progress remotely; the daemon pulls.
@@ -44,27 +43,25 @@ func (r viaDaemon) Create(ctx context.Context, req client.CreateRequest, _ io.Wr
 	return r.Client.Create(ctx, req)
 }
 
-var (
-	_ engine = viaDaemon{}
-	_ engine = (*daemon.Service)(nil)
-)
+var _ Engine = viaDaemon{}
 
-// engine returns the daemon if one answers for this state, else a local service.
-func (g *Globals) engine(ctx context.Context) (engine, error) {
-	if cl := g.daemon(ctx); cl != nil {
+// LocalEngine opens the engine that runs a command in this process when no daemon serves its
+// state: lib/daemon's Service over the runtime in cmd/lazyfork-engine; in cmd/lazyfork, which
+// does not link the runtime, a handover of the whole command line to lazyfork-engine.
+var LocalEngine func(ctx context.Context, g *Globals) (Engine, error)
+
+// Engine returns the daemon if one answers for this state, else the local engine.
+func (g *Globals) Engine(ctx context.Context) (Engine, error) {
+	if cl := g.Daemon(ctx); cl != nil {
 		return viaDaemon{cl}, nil
 	}
-	rt, err := g.open()
-	if err != nil {
-		return nil, err
-	}
-	return daemon.NewService(rt), nil
+	return LocalEngine(ctx, g)
 }
 
 // daemon returns a client if a daemon answers on the socket and serves the same root
 // and tmpfs directories as this command would use (a test's private state never goes
 // to the machine's daemon).
-func (g *Globals) daemon(ctx context.Context) *client.Client {
+func (g *Globals) Daemon(ctx context.Context) *client.Client {
 	if g.Local {
 		return nil
 	}
@@ -75,7 +72,7 @@ func (g *Globals) daemon(ctx context.Context) *client.Client {
 	ctx, end := trace.Start(ctx, "find the daemon")
 	defer end()
 	// What its lock file says, when that is sure: no round trip.
-	if root, run, ok := daemon.Running(g.Socket); ok {
+	if root, run, ok := client.Running(g.Socket); ok {
 		if !sameDir(root, g.Root) || !sameDir(run, g.Run) {
 			return nil
 		}

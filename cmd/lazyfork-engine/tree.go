@@ -11,6 +11,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/lazyfork/lazyfork/lib/budget"
+	"github.com/lazyfork/lazyfork/lib/client"
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/exitcode"
 	"github.com/lazyfork/lazyfork/lib/snaptree"
@@ -82,16 +83,16 @@ func verb(k *kong.Context) string {
 
 // manager is the daemon's tree routes while a daemon serves this state (treeops.go),
 // else lib/snaptree in this process, reporting evictions on stderr.
-func (g *Globals) manager() (treeOps, error) {
+func manager(g *Globals) (treeOps, error) {
 	report := func(e snaptree.Event) {
 		if e.Kind == "evict" {
 			fmt.Fprintf(os.Stderr, "lazyfork: tree %s: evicted (suspended to disk) %s\n", e.Tree, strings.Join(e.Nodes, ", "))
 		}
 	}
-	if cl := g.daemon(context.Background()); cl != nil {
+	if cl := g.Daemon(context.Background()); cl != nil {
 		return treesViaDaemon{cl, report}, nil
 	}
-	rt, err := g.open()
+	rt, err := open(g)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +139,7 @@ func (c *treeCreateCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	m, err := g.manager()
+	m, err := manager(g)
 	if err != nil {
 		return err
 	}
@@ -158,7 +159,7 @@ func (c *treeAdoptCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	m, err := g.manager()
+	m, err := manager(g)
 	if err != nil {
 		return err
 	}
@@ -184,7 +185,7 @@ type treeLsCmd struct {
 }
 
 func (c *treeLsCmd) Run(ctx context.Context, g *Globals) error {
-	m, err := g.manager()
+	m, err := manager(g)
 	if err != nil {
 		return err
 	}
@@ -218,7 +219,7 @@ type treeNodesCmd struct {
 }
 
 func (c *treeNodesCmd) Run(ctx context.Context, g *Globals) error {
-	m, err := g.manager()
+	m, err := manager(g)
 	if err != nil {
 		return err
 	}
@@ -263,7 +264,7 @@ type treeForkCmd struct {
 }
 
 func (c *treeForkCmd) Run(ctx context.Context, g *Globals) error {
-	m, err := g.manager()
+	m, err := manager(g)
 	if err != nil {
 		return err
 	}
@@ -293,7 +294,7 @@ type treePrepareCmd struct {
 }
 
 func (c *treePrepareCmd) Run(ctx context.Context, g *Globals) error {
-	m, err := g.manager()
+	m, err := manager(g)
 	if err != nil {
 		return err
 	}
@@ -313,7 +314,7 @@ type treeRollbackCmd struct {
 }
 
 func (c *treeRollbackCmd) Run(ctx context.Context, g *Globals) error {
-	m, err := g.manager()
+	m, err := manager(g)
 	if err != nil {
 		return err
 	}
@@ -344,7 +345,7 @@ var nodeOps = map[string]func(m treeOps, ctx context.Context, tree, node string)
 }
 
 func (c *treeNodeCmd) Run(ctx context.Context, g *Globals, k *kong.Context) error {
-	m, err := g.manager()
+	m, err := manager(g)
 	if err != nil {
 		return err
 	}
@@ -386,7 +387,7 @@ type treeTreeCmd struct {
 }
 
 func (c *treeTreeCmd) Run(ctx context.Context, g *Globals, k *kong.Context) error {
-	m, err := g.manager()
+	m, err := manager(g)
 	if err != nil {
 		return err
 	}
@@ -427,7 +428,7 @@ type treeSetBudgetCmd struct {
 }
 
 func (c *treeSetBudgetCmd) Run(ctx context.Context, g *Globals) error {
-	m, err := g.manager()
+	m, err := manager(g)
 	if err != nil {
 		return err
 	}
@@ -458,4 +459,53 @@ func (c *treeSetBudgetCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	return printResult(t, t.ID, c.JSON)
+}
+
+type treeCmd struct {
+	JSON bool `help:"Print the list with parents as JSON."`
+}
+
+func (c *treeCmd) Run(ctx context.Context, g *Globals) error {
+	e, err := g.Engine(ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		rows, err := e.List(ctx)
+		if err != nil {
+			return err
+		}
+		return printJSON(rows)
+	}
+	// The forest is the engine's (daemon.Service.Tree, or the daemon's GET /tree).
+	forest, err := e.Tree(ctx)
+	if err != nil {
+		return err
+	}
+	var draw func(n client.TreeNode, prefix string, last, top bool)
+	draw = func(n client.TreeNode, prefix string, last, top bool) {
+		branch, next := "├── ", "│   "
+		if last {
+			branch, next = "└── ", "    "
+		}
+		if top {
+			branch, next = "", ""
+		}
+		label := n.ID
+		if n.Name != "" {
+			label += " (" + n.Name + ")"
+		}
+		orphan := ""
+		if top && n.Parent != "" {
+			orphan = "  [parent " + n.Parent + " deleted]"
+		}
+		fmt.Printf("%s%s%s  %s  %s%s\n", prefix, branch, label, n.State, humanBytes(n.MemoryBytes), orphan)
+		for i, k := range n.Children { // oldest first
+			draw(k, prefix+next, i == len(n.Children)-1, false)
+		}
+	}
+	for _, n := range forest {
+		draw(n, "", true, true)
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package main
+package porcelain
 
 import (
 	"context"
@@ -38,7 +38,7 @@ func (h hookFlags) options() client.HookOptions {
 }
 
 func (c *forkCmd) Run(ctx context.Context, g *Globals) error {
-	e, err := g.engine(ctx)
+	e, err := g.Engine(ctx)
 	if err != nil {
 		return err
 	}
@@ -62,7 +62,7 @@ func (c *forkCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	for _, f := range res.Forks {
 		if c.JSON {
-			if err := printJSONLine(f); err != nil {
+			if err := PrintJSONLine(f); err != nil {
 				return err
 			}
 			continue
@@ -78,7 +78,7 @@ type stopCmd struct {
 }
 
 func (c *stopCmd) Run(ctx context.Context, g *Globals) error {
-	return eachContainer(ctx, g, c.Containers, func(e engine, ctx context.Context, ref string) error {
+	return eachContainer(ctx, g, c.Containers, func(e Engine, ctx context.Context, ref string) error {
 		_, err := e.Stop(ctx, ref, client.StopRequest{HookOptions: c.hookFlags.options()})
 		return err
 	})
@@ -89,59 +89,10 @@ type startCmd struct {
 }
 
 func (c *startCmd) Run(ctx context.Context, g *Globals) error {
-	return eachContainer(ctx, g, c.Containers, func(e engine, ctx context.Context, ref string) error {
+	return eachContainer(ctx, g, c.Containers, func(e Engine, ctx context.Context, ref string) error {
 		_, err := e.Start(ctx, ref)
 		return err
 	})
-}
-
-type treeCmd struct {
-	JSON bool `help:"Print the list with parents as JSON."`
-}
-
-func (c *treeCmd) Run(ctx context.Context, g *Globals) error {
-	e, err := g.engine(ctx)
-	if err != nil {
-		return err
-	}
-	if c.JSON {
-		rows, err := e.List(ctx)
-		if err != nil {
-			return err
-		}
-		return printJSON(rows)
-	}
-	// The forest is the engine's (daemon.Service.Tree, or the daemon's GET /tree).
-	forest, err := e.Tree(ctx)
-	if err != nil {
-		return err
-	}
-	var draw func(n client.TreeNode, prefix string, last, top bool)
-	draw = func(n client.TreeNode, prefix string, last, top bool) {
-		branch, next := "├── ", "│   "
-		if last {
-			branch, next = "└── ", "    "
-		}
-		if top {
-			branch, next = "", ""
-		}
-		label := n.ID
-		if n.Name != "" {
-			label += " (" + n.Name + ")"
-		}
-		orphan := ""
-		if top && n.Parent != "" {
-			orphan = "  [parent " + n.Parent + " deleted]"
-		}
-		fmt.Printf("%s%s%s  %s  %s%s\n", prefix, branch, label, n.State, humanBytes(n.MemoryBytes), orphan)
-		for i, k := range n.Children { // oldest first
-			draw(k, prefix+next, i == len(n.Children)-1, false)
-		}
-	}
-	for _, n := range forest {
-		draw(n, "", true, true)
-	}
-	return nil
 }
 
 type statsCmd struct {
@@ -151,7 +102,7 @@ type statsCmd struct {
 }
 
 func (c *statsCmd) Run(ctx context.Context, g *Globals) error {
-	e, err := g.engine(ctx)
+	e, err := g.Engine(ctx)
 	if err != nil {
 		return err
 	}
@@ -161,7 +112,7 @@ func (c *statsCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	switch {
 	case c.JSON:
-		return printJSON(st)
+		return PrintJSON(st)
 	case c.CSV:
 		w := csv.NewWriter(os.Stdout)
 		keys := []string{"dump_ms", "frozen_ms", "memfile_ms", "restore_ms"}
@@ -177,9 +128,9 @@ func (c *statsCmd) Run(ctx context.Context, g *Globals) error {
 		w.Flush()
 		return w.Error()
 	}
-	fmt.Printf("%s  %s  %s  depth %d  pid %d  procs %d\n", st.ID, dash(st.Name), st.State, st.Depth, st.Pid, st.Procs)
+	fmt.Printf("%s  %s  %s  depth %d  pid %d  procs %d\n", st.ID, Dash(st.Name), st.State, st.Depth, st.Pid, st.Procs)
 	fmt.Printf("memory (cgroup)   %s  (rss %s, cache %s, kmem %s; mapped from files %s)\n",
-		humanBytes(st.MemoryBytes), humanBytes(int64(st.Rss)), humanBytes(int64(st.Cache)), humanBytes(int64(st.Kmem)), humanBytes(int64(st.MappedFile)))
+		HumanBytes(st.MemoryBytes), HumanBytes(int64(st.Rss)), HumanBytes(int64(st.Cache)), HumanBytes(int64(st.Kmem)), HumanBytes(int64(st.MappedFile)))
 	if st.Address != "" {
 		nat := ""
 		if st.NAT {
@@ -190,7 +141,7 @@ func (c *statsCmd) Run(ctx context.Context, g *Globals) error {
 		fmt.Printf("network           %s\n", st.Net)
 	}
 	if st.Family != "" {
-		fmt.Printf("family memory     %s in %s (shared by the family, on tmpfs)\n", humanBytes(st.FamilyBytes), st.Family)
+		fmt.Printf("family memory     %s in %s (shared by the family, on tmpfs)\n", HumanBytes(st.FamilyBytes), st.Family)
 	}
 	for _, k := range []string{"dump_ms", "frozen_ms", "memfile_ms", "restore_ms"} {
 		if v, ok := st.Timings[k]; ok {
@@ -207,7 +158,7 @@ func (c *statsCmd) Run(ctx context.Context, g *Globals) error {
 type gcCmd struct{}
 
 func (gcCmd) Run(ctx context.Context, g *Globals) error {
-	e, err := g.engine(ctx)
+	e, err := g.Engine(ctx)
 	if err != nil {
 		return err
 	}
