@@ -163,3 +163,40 @@ func TestTraceThroughDaemon(t *testing.T) {
 		t.Errorf("in-process exec trace: exit %d:\n%s", code, errOut)
 	}
 }
+
+// lazyfork runs the container commands through a daemon by itself and hands everything
+// else to lazyfork-engine next to it: a copy of lazyfork alone (no engine beside it) forks,
+// execs, lists and deletes through a running daemon; for a command line no daemon serves
+// (--local, doctor, tree, help, a usage error) it names the missing engine in one line and
+// exits 1.
+func TestClientHandsOverToEngine(t *testing.T) {
+	e := newEnv(t)
+	e.withDaemon()
+	e.must("lazyfork daemon start")
+	id := e.counting("c1", 1)
+	alone := filepath.Join(t.TempDir(), "lazyfork")
+	b, err := os.ReadFile(filepath.Join(binDir, "lazyfork"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(alone, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.must(alone + " exec c1 -- hostname"); got != id {
+		t.Errorf("exec hostname through the daemon: %q, want %s", got, id)
+	}
+	fork := e.must(alone + " fork c1 --name f1")
+	if got := e.must(alone + " exec f1 -- hostname"); got != fork {
+		t.Errorf("exec in the fork: %q, want %s", got, fork)
+	}
+	if out := e.must(alone + " list -q"); !strings.Contains(out, id) || !strings.Contains(out, fork) {
+		t.Errorf("list through the daemon: %q", out)
+	}
+	e.must(alone + " delete f1")
+	for _, args := range []string{"--local list", "doctor", "tree", "--help", "fork"} {
+		_, errOut, code := e.sh(alone + " " + args)
+		if code != 1 || !strings.Contains(errOut, "lazyfork-engine") || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+			t.Errorf("lazyfork %s without lazyfork-engine: exit %d, %q", args, code, errOut)
+		}
+	}
+}
