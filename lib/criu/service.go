@@ -422,6 +422,14 @@ func (w *Worker) end(kill bool) error {
 	return nil
 }
 
+// Wait returns once the worker is connected and in its groups, or has failed to be (the
+// request then reports why).
+func (w *Worker) Wait() {
+	if w != nil {
+		<-w.ready
+	}
+}
+
 // closed reports whether the worker was closed or has served its request: it serves none.
 func (w *Worker) closed() bool {
 	w.mu.Lock()

@@ -72,6 +72,12 @@ type DumpOptions struct {
 	// SmallPages: a swap's preallocated memory files stay in 4 KiB pages (see
 	// memfile.Options.SmallPages).
 	SmallPages bool
+	// HugePages: the preallocation waits for every huge page (--huge-pages); by default it
+	// makes them only while they come fast (memfile.HugeSlow).
+	HugePages bool
+	// ready, for a swap, makes the new source's cgroup and criu worker while the source
+	// runs (swapReady); Swap takes them. Undone here when no swap follows.
+	ready *swapReady
 }
 
 // LayersDir holds the frozen upper layers forks stack on.
@@ -81,9 +87,15 @@ func kdatDir() string { return criu.DefaultKdatDir() }
 
 // Dump checkpoints c's whole process tree and freezes its upper layer at the same
 // instant. The source keeps running unless o.Exit.
-func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o DumpOptions) (_ *stage.Snapshot, retErr error) {
+func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o DumpOptions) (out *stage.Snapshot, retErr error) {
 	ctx, end := trace.Start(ctx, "dump")
 	defer end()
+	// What o.ready made goes unless the source was left frozen for the swap's restore.
+	defer func() {
+		if retErr != nil || out == nil || !out.Swap {
+			o.ready.abort()
+		}
+	}()
 	endChecks := trace.Step(ctx, "check the source (state, cgroup, processes)")
 	defer func() { endChecks() }()
 	name := c.Display()
@@ -170,6 +182,9 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	endSave()
 
 	swap := o.Swap && !o.Exit
+	if swap {
+		o.ready.start(ctx, rt, c, s)
+	}
 	// A source's first swap (it runs on its own memory): its memory files' pages are
 	// allocated now, while it runs, so that the rewrite it is frozen for writes into them.
 	var preBytes int64
@@ -177,7 +192,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	var preTime time.Duration
 	if swap && c.Family == "" {
 		endPre := trace.Step(ctx, "preallocate the memory files' pages")
-		preBytes, preHuge, preTime = preallocTimed(cg, s, !o.SmallPages)
+		preBytes, preHuge, preTime = preallocTimed(cg, s, !o.SmallPages, o.HugePages)
 		endPre()
 		defer func() {
 			if retErr != nil {
@@ -222,6 +237,10 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 			if err := Save(s); err != nil {
 				return nil, fmt.Errorf("dump %s: %w", name, err)
 			}
+			// The new source's group and worker are ready before the pause starts.
+			endReady := trace.Step(ctx, "swap: wait for the new source's cgroup and criu worker")
+			o.ready.wait()
+			endReady()
 		}
 		// Frozen at CRIU's pre-dump notification, just before CRIU freezes it itself, the
 		// group stays frozen after the dump (CRIU restores the freezer state it found):

@@ -133,9 +133,11 @@ func gc(ctx context.Context, rt *container.Runtime, wait time.Duration) error {
 			for _, l := range c.Lower {
 				layers[l] = true
 			}
-		} else if s.Swap {
-			// Its source was deleted since: only the new source's group can be left, under
-			// the runtime's parent or, for a tree member, its tree's.
+		} else {
+			// A swap whose source was deleted since: only the new source's group can be
+			// left, under the runtime's parent or, for a tree member, its tree's. Or a dump
+			// for a swap that died before it recorded the swap: the new source's group,
+			// made while the source ran (swapReady), may be left.
 			for _, parent := range groupParents(rt) {
 				errs = append(errs, endGroupNamed(parent, s.Source.ID+"-"+s.ID))
 			}

@@ -87,19 +87,21 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 	swap := !o.Copy && !o.Share && c.Family == "" && c.Cluster == ""
 	endChecks()
 	endChecks = func() {}
+	var ready *swapReady
 	if swap && !o.PerForkCriu {
 		// Started while the source runs: it serves the swap's restore (the source is paused
 		// until that ends) and then the forks'.
 		svc, stop := serviceForSwap(ctx, rt, o.Service)
 		defer stop()
 		o.Service = svc
+		ready = newSwapReady(svc)
 	}
 	// A repeat fork: its records, cgroups and criu workers are made ready during the dump.
 	if !swap && earlyFits(c, o) {
 		o.early = startEarly(ctx, rt, c, o)
 	}
 	// Transient: GC drops the snapshot if this process dies.
-	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true, SmallPages: o.HugePages != nil && !*o.HugePages})
+	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true, SmallPages: o.HugePages != nil && !*o.HugePages, HugePages: o.HugePages != nil && *o.HugePages, ready: ready})
 	if err != nil || s.Swap {
 		if o.early != nil {
 			o.early.abort(rt)
@@ -110,7 +112,7 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 		}
 	}
 	if s.Swap {
-		return forkSwapped(ctx, rt, c, s, o)
+		return forkSwapped(ctx, rt, c, s, o, ready)
 	}
 	keep := false
 	defer func() {
@@ -301,16 +303,18 @@ func serviceForSwap(ctx context.Context, rt *container.Runtime, have *criu.Servi
 // forkSwapped finishes a fork whose dump left the source frozen (DumpOptions.Swap): the
 // rewrite, the source moved onto the snapshot (Swap), then the forks. The source is never
 // lost: until Swap has a new source running, any failure thaws the old one as it was.
-func forkSwapped(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, o Options) ([]stage.Fork, *stage.Snapshot, error) {
+func forkSwapped(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, o Options, ready *swapReady) ([]stage.Fork, *stage.Snapshot, error) {
 	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages != nil && *o.HugePages, KSM: o.KSM})
 	if err != nil {
+		ready.abort()
 		err = errors.Join(err, undoSwapDump(c, s))
 		_ = RemoveSnapshot(s)
 		_ = Collect(rt)
 		return nil, nil, err
 	}
 	swapStart := time.Now()
-	if err := Swap(ctx, rt, c, m, o.Service); err != nil {
+	endOld, err := swap(ctx, rt, c, m, o.Service, ready.take())
+	if err != nil {
 		_ = RemoveSnapshot(m)
 		_ = Collect(rt)
 		return nil, nil, err
@@ -321,6 +325,11 @@ func forkSwapped(ctx context.Context, rt *container.Runtime, c *store.Container,
 	m.Owner = os.Getpid()
 	_ = Save(m)
 	defer func() {
+		// The old processes end beside the forks' restore; the snapshot, which lets GC
+		// finish that should this process die, goes after.
+		endWait := trace.Step(ctx, "swap: wait for the old processes' end")
+		endOld()
+		endWait()
 		endRm := trace.Step(ctx, "remove the snapshot")
 		_ = RemoveSnapshot(m)
 		endRm()

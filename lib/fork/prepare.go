@@ -32,13 +32,15 @@ func Prepare(ctx context.Context, rt *container.Runtime, c *store.Container, o P
 	}
 	svc, stop := serviceForSwap(ctx, rt, nil)
 	defer stop()
-	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Swap: true, SmallPages: o.SmallPages})
+	ready := newSwapReady(svc)
+	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Swap: true, SmallPages: o.SmallPages, ready: ready})
 	if err != nil {
 		return nil, err
 	}
 	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, KSM: o.KSM})
 	if err != nil {
 		if s.Swap {
+			ready.abort()
 			err = errors.Join(err, undoSwapDump(c, s))
 		}
 		_ = RemoveSnapshot(s)
@@ -47,13 +49,16 @@ func Prepare(ctx context.Context, rt *container.Runtime, c *store.Container, o P
 	}
 	if m.Swap {
 		t := time.Now()
-		if err := Swap(ctx, rt, c, m, svc); err != nil {
+		endOld, err := swap(ctx, rt, c, m, svc, ready.take())
+		if err != nil {
 			_ = RemoveSnapshot(m)
 			_ = Collect(rt)
 			return nil, err
 		}
-		m.SwapMs = stage.Ms(time.Since(t))
 		defer sweepZeroPages(ctx, m)()
+		// Ended before the snapshot loses its owner below (until then GC would finish it).
+		endOld()
+		m.SwapMs = stage.Ms(time.Since(t))
 	}
 	m.Owner = 0
 	if err := Save(m); err != nil {

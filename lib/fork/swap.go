@@ -18,6 +18,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/overlay"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/store"
+	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // SwapRestoreTimeout bounds the restore of a swap, during which the source is frozen.
@@ -32,17 +33,48 @@ var SwapRestoreTimeout = 30 * time.Second
 // it changes on top of the family's memory files.
 // svc, when alive, serves the restore (a criu service started before the freeze: no
 // criu to start while the source is paused); nil runs a criu of its own.
-func Swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, svc *criu.Service) (retErr error) {
+func Swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, svc *criu.Service) error {
+	endOld, err := swap(ctx, rt, c, s, svc, nil)
+	if err == nil {
+		endOld()
+	}
+	return err
+}
+
+// swap is Swap with the new source's cgroup and criu worker made before the freeze
+// (swapReady), when pre is not nil: it owns them from here on. Once the new source runs
+// it returns, and the old processes end in the background: endOld waits for that.
+func swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, svc *criu.Service, pre *prepared) (endOld func(), retErr error) {
+	if pre != nil {
+		defer pre.worker.Close() // unless the restore took it
+	}
 	if svc != nil && !svc.Alive() {
 		svc = nil
 	}
-	if !s.Swap {
-		return fmt.Errorf("swap %s: snapshot %s did not leave the source frozen for a swap", c.Display(), s.ID)
+	if pre != nil && svc == nil {
+		// Its worker is the dead service's: the restore makes its own group and criu.
+		pre.worker.Close()
+		_ = pre.cg.Kill()
+		_ = pre.cg.Remove()
+		pre = nil
+	}
+	var oldCg *cgroup.Cgroup
+	err := fmt.Errorf("snapshot %s did not leave the source frozen for a swap", s.ID)
+	if s.Swap {
+		oldCg, err = cgroup.LoadOwned(c.Cgroup)
+	}
+	if err != nil {
+		if pre != nil {
+			_ = pre.cg.Kill()
+			_ = pre.cg.Remove()
+		}
+		return nil, fmt.Errorf("swap %s: %w", c.Display(), err)
 	}
 	old := *c
-	oldCg, err := cgroup.LoadOwned(c.Cgroup)
-	if err != nil {
-		return fmt.Errorf("swap %s: %w", c.Display(), err)
+	if pre != nil {
+		// The record names the new group from here on: undo removes it as one the
+		// restore made.
+		c.Cgroup, c.CgroupV2 = pre.cg.Paths, pre.cg.V2
 	}
 	// The new source gets its own root and work directories: the old overlay still holds
 	// its own (it is the frozen processes' root) until they end.
@@ -78,46 +110,76 @@ func Swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *sta
 	}()
 
 	if err := checkRestorable(s); err != nil {
-		return err
+		return nil, err
 	}
 	if err := makeDumpedFamily(s); err != nil {
-		return err
+		return nil, err
 	}
 	// Held by the restore's criu too: GC waits for a criu whose caller was killed.
 	unlock, hold, err := lockSharedHeld(ctx)
 	if err != nil {
-		return fmt.Errorf("swap %s: %w", c.Display(), err)
+		return nil, fmt.Errorf("swap %s: %w", c.Display(), err)
 	}
-	defer unlock()
+	keepLock := false
+	defer func() {
+		if !keepLock {
+			unlock()
+		}
+	}()
 	c.Lower, c.RootFS, c.Work = s.Lower, newRoot, newWork
 	c.Family, c.MemDir = s.Family, s.FamilyDir
 	// The old source is frozen until this restore ends: it gets SwapRestoreTimeout, not
 	// the minute a fork's restore may take (a caller killed meanwhile would leave the source
 	// frozen until GC), and a criu that logged an error is killed sooner (criu.ErrorGrace).
 	rctx, cancel := context.WithTimeout(ctx, SwapRestoreTimeout)
-	err = startIn(rctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, svc, nil, hold, false, "")
+	err = startIn(rctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, svc, pre, hold, false, "")
 	cancel()
 	if err != nil {
-		return fmt.Errorf("swap %s: %w", c.Display(), err)
+		return nil, fmt.Errorf("swap %s: %w", c.Display(), err)
 	}
 	// Running, not just restored: the new init is alive a moment later.
+	endAlive := trace.Step(ctx, "swap: check the new source runs")
 	time.Sleep(10 * time.Millisecond)
+	endAlive()
 	if !container.Alive(c) {
-		return fmt.Errorf("swap %s: the restored source (pid %d) exited at once", c.Display(), c.Pid)
+		return nil, fmt.Errorf("swap %s: the restored source (pid %d) exited at once", c.Display(), c.Pid)
 	}
 	// The record names the new source before the old one goes: a crash from here on
 	// leaves the new source running and the old frozen group for GC.
-	if err := rt.Containers.Put(c); err != nil {
-		return fmt.Errorf("swap %s: %w", c.Display(), err)
+	endPut := trace.Step(ctx, "swap: write the record")
+	err = rt.Containers.Put(c)
+	endPut()
+	if err != nil {
+		return nil, fmt.Errorf("swap %s: %w", c.Display(), err)
 	}
-	var errs []error
-	errs = append(errs, oldCg.Kill(), oldCg.Remove(), unix.Unmount(old.RootFS, unix.MNT_DETACH))
-	errs = append(errs, fsutil.RemoveAll(old.Work), os.Remove(old.RootFS))
-	if err := errors.Join(errs...); err != nil {
-		// The new source runs; what is left of the old one is GC's.
-		fmt.Fprintf(os.Stderr, "lazyfork: swap %s: cleaning up the old processes: %v\n", c.Display(), err)
-	}
-	return nil
+	// The old processes end in the background (killing a frozen heap, freeing its memory
+	// and unmounting its root took 100-370 ms here): the caller restores its forks
+	// meanwhile and waits (endOld) before it removes the snapshot, which until then lets
+	// GC finish this should the caller die (recoverSwap). The state lock is held until
+	// then, as during the swap.
+	keepLock = true
+	ended := make(chan struct{})
+	display := c.Display()
+	go func() {
+		defer close(ended)
+		defer unlock()
+		var errs []error
+		endKill := trace.Step(ctx, "swap: kill the old processes")
+		errs = append(errs, oldCg.Kill())
+		endKill()
+		endRm := trace.Step(ctx, "swap: remove the old cgroup")
+		errs = append(errs, oldCg.Remove())
+		endRm()
+		endUm := trace.Step(ctx, "swap: unmount the old root, remove its work dir")
+		errs = append(errs, unix.Unmount(old.RootFS, unix.MNT_DETACH))
+		errs = append(errs, fsutil.RemoveAll(old.Work), os.Remove(old.RootFS))
+		endUm()
+		if err := errors.Join(errs...); err != nil {
+			// The new source runs; what is left of the old one is GC's.
+			fmt.Fprintf(os.Stderr, "lazyfork: swap %s: cleaning up the old processes: %v\n", display, err)
+		}
+	}()
+	return func() { <-ended }, nil
 }
 
 // undoSwapDump thaws a source that a swap dump left frozen and puts its upper back, when

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -172,8 +173,8 @@ func ParsePreallocName(prefix, name string) (uint32, bool) {
 // rest, and any stretch the kernel cannot make huge, is allocated in small pages. A full
 // tmpfs ends it early without an error: the pages not allocated are written into fresh
 // pages by the rewrite, as without it. It returns the bytes allocated and the huge pages
-// made.
-func Preallocate(path string, runs []PreallocRun, huge bool) (int64, int, error) {
+// made. hugeSlow > 0 bounds the wait for huge pages (makeHuge, HugeSlow).
+func Preallocate(path string, runs []PreallocRun, huge bool, hugeSlow time.Duration) (int64, int, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o400)
 	if err != nil {
 		return 0, 0, fmt.Errorf("preallocate memory file: %w", err)
@@ -193,7 +194,7 @@ func Preallocate(path string, runs []PreallocRun, huge bool) (int64, int, error)
 	var n int64
 	made := map[int64]bool{}
 	if huge {
-		made = makeHuge(fd, denseStretches(valid))
+		made = makeHuge(fd, denseStretches(valid), hugeSlow)
 	}
 	n += int64(len(made)) * hugeAlign
 	for _, r := range valid {
