@@ -31,6 +31,8 @@ IMAGE = os.environ.get("LF_BENCH_IMAGE", "lazyfork/debian:bookworm")
 PREFIX = f"trace-{os.getpid()}"
 IDS = re.compile(r"\b(s?[0-9a-f]{12})\b")
 LINE = re.compile(r"^\s*(-?[0-9.]+)\s+([0-9.]+)  (.*)$")
+ROUND = re.compile(r"\bX-[0-9]+-[0-9]+\b")  # a fork's name: X-round-build
+SINCE = re.compile(r"^\s*([0-9.]+)\s+\(since the recorder started\)")
 
 
 def run(args, env, check=True, timeout=600, stdin=None):
@@ -40,6 +42,15 @@ def run(args, env, check=True, timeout=600, stdin=None):
     return p
 
 
+def since(stderr):
+    """ms from the start of the command's main to its trace's end (None without a trace)."""
+    for line in stderr.splitlines():
+        m = SINCE.match(line)
+        if m:
+            return float(m[1])
+    return None
+
+
 def spans(stderr):
     """{step name (ids folded, indented as printed): ms}, same-named steps summed."""
     out = {}
@@ -47,7 +58,7 @@ def spans(stderr):
         m = LINE.match(line)
         if not m or m[3].startswith("("):
             continue
-        name = IDS.sub("ID", m[3].replace(PREFIX, "X"))
+        name = ROUND.sub("X", IDS.sub("ID", m[3].replace(PREFIX, "X")))
         out[name] = out.get(name, 0.0) + float(m[2])
     return out
 
@@ -136,6 +147,11 @@ def main():
                     for what, p in (("fork", pf), ("exec", pe)):
                         (Path(a.raw) / f"{r}-{b.sock.stem[-1]}-{what}.txt").write_text(p.stderr)
                 row = {"fork command": t_fork, "exec command": t_exec, "fork + exec": t_fork + t_exec}
+                # What the command's wall time holds besides its main: the binary's start
+                # (runtime, package inits), its exit and the spawn from here.
+                for what, p, wall in (("fork", pf, t_fork), ("exec", pe, t_exec)):
+                    if since(p.stderr) is not None:
+                        row[f"{what} command outside main"] = wall - since(p.stderr)
                 row.update({"fork: " + k: v for k, v in spans(pf.stderr).items()})
                 row.update({"exec: " + k: v for k, v in spans(pe.stderr).items()})
                 b.rows.append(row)
@@ -146,7 +162,8 @@ def main():
         for b, row, w0, w1 in spans_at:
             row["source paused"] = max([g for e, g in gaps if w0 <= e <= w1 + 0.05] or [0.0])
         print(f"# {a.k} repeat forks + exec of a {a.heap} MiB agent per build, medians in ms", file=sys.stderr)
-        keys = ["fork + exec", "fork command", "exec command", "source paused"]
+        keys = ["fork + exec", "fork command", "exec command", "fork command outside main", "exec command outside main",
+                "source paused"]
         if a.steps:
             seen = []
             for b in builds:

@@ -292,6 +292,10 @@ func (s *Service) Alive() bool {
 type ServiceCgroups struct {
 	Join   []string
 	Ignore bool
+	// After, when not nil, holds the move back until it is closed: a worker prepared
+	// during a dump moves once the source is thawed (a move holds the cgroup locks for
+	// an RCU grace period, which a dump running beside it would wait for).
+	After <-chan struct{}
 }
 
 // ServiceCgroupsFor decides ServiceCgroups for a restore of checkpointDir with
@@ -314,6 +318,8 @@ type Worker struct {
 	c       *net.UnixConn
 	ready   chan struct{} // closed once hello and the cgroup move are done (or failed)
 	err     error         // theirs, read after ready
+	stop    chan struct{} // closed by end: a move waiting for cgroups.After gives up
+	stopped sync.Once
 
 	mu    sync.Mutex
 	pidfd int // the worker's, -1 until known and after end
@@ -327,7 +333,7 @@ type Worker struct {
 // root, its network namespace). Hand it to the request (RestoreOptions.Worker) and Close it
 // in any case: a worker that served no request is killed.
 func (s *Service) PrepareWorker(ctx context.Context, cg ServiceCgroups) *Worker {
-	w := &Worker{cgroups: cg, ready: make(chan struct{}), pidfd: -1}
+	w := &Worker{cgroups: cg, ready: make(chan struct{}), stop: make(chan struct{}), pidfd: -1}
 	if !s.Alive() {
 		w.err = errors.New("criu service has exited: " + readCapped(s.out, 1024))
 		close(w.ready)
@@ -370,6 +376,15 @@ func (w *Worker) prepare(ctx context.Context, joinProcs []string) error {
 	}
 	w.pidfd = fd
 	w.mu.Unlock()
+	if w.cgroups.After != nil {
+		select {
+		case <-w.cgroups.After:
+		case <-w.stop:
+			return errors.New("criu service worker closed")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	endJoin := trace.Step(ctx, "criu service: move the worker into the fork's cgroups")
 	defer endJoin()
 	for _, f := range joinProcs {
@@ -395,6 +410,9 @@ func (w *Worker) kill() {
 func (w *Worker) end(kill bool) error {
 	if w.c != nil {
 		_ = w.c.SetDeadline(time.Now()) // ends a hello in flight
+	}
+	if w.stop != nil {
+		w.stopped.Do(func() { close(w.stop) })
 	}
 	<-w.ready
 	w.mu.Lock()

@@ -279,3 +279,57 @@ func TestPreparedWorker(t *testing.T) {
 	opts.Worker.Close() // after the request: nothing
 	testEventually(t, func() bool { return len(serviceWorkers(t, s)) == 0 }, "workers left: %v", serviceWorkers(t, s))
 }
+
+// A worker prepared with ServiceCgroups.After joins its groups only once After is closed
+// (here a plain file stands for a cgroup.procs file: the pid is written to it), and one
+// closed while it waits is gone without ever joining.
+func TestPreparedWorkerWaitsForAfter(t *testing.T) {
+	requirePriv(t)
+	s, _ := startService(t)
+	procs := filepath.Join(t.TempDir(), "cgroup.procs")
+	if err := os.WriteFile(procs, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	after := make(chan struct{})
+	w := s.PrepareWorker(context.Background(), ServiceCgroups{Join: []string{procs}, After: after})
+	testEventually(t, func() bool { return len(serviceWorkers(t, s)) == 1 }, "no worker after PrepareWorker: %v", serviceWorkers(t, s))
+	time.Sleep(100 * time.Millisecond)
+	if b, _ := os.ReadFile(procs); len(b) != 0 {
+		t.Fatalf("worker joined %q before After was closed", b)
+	}
+	select {
+	case <-w.ready:
+		t.Fatal("worker ready before After was closed")
+	default:
+	}
+	close(after)
+	<-w.ready
+	if w.err != nil {
+		t.Fatal(w.err)
+	}
+	if b, _ := os.ReadFile(procs); string(b) != strconv.Itoa(serviceWorkers(t, s)[0]) {
+		t.Errorf("joined %q, worker %v", b, serviceWorkers(t, s))
+	}
+	w.Close()
+	testEventually(t, func() bool { return len(serviceWorkers(t, s)) == 0 }, "workers left after Close: %v", serviceWorkers(t, s))
+
+	if err := os.WriteFile(procs, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w = s.PrepareWorker(context.Background(), ServiceCgroups{Join: []string{procs}, After: make(chan struct{})})
+	testEventually(t, func() bool { return len(serviceWorkers(t, s)) == 1 }, "no worker after PrepareWorker: %v", serviceWorkers(t, s))
+	closed := make(chan struct{})
+	go func() { w.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close of a worker waiting for After did not return")
+	}
+	if w.err == nil {
+		t.Error("a worker closed while it waited reports no error")
+	}
+	if b, _ := os.ReadFile(procs); len(b) != 0 {
+		t.Errorf("a worker closed while it waited joined %q", b)
+	}
+	testEventually(t, func() bool { return len(serviceWorkers(t, s)) == 0 }, "workers left after Close: %v", serviceWorkers(t, s))
+}

@@ -3,20 +3,26 @@ package fork
 import (
 	"context"
 	"runtime"
+	"sync"
 
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
+	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/trace"
 )
 
 // early is what a repeat fork makes ready while its source is dumped: the forks' records,
-// their cgroups, and a criu service worker moved into each. Those wait more than they
-// compute (the records' fsyncs; each worker's move an RCU grace period, 8-15 ms here):
-// beside the dump (~40 ms, criu's) they are off the fork's path. Restore takes them over
-// (RestoreOptions.early); abort undoes them when the fork ends before.
+// their cgroups, a criu service worker for each, moved into its groups once the dump is
+// done, and a network namespace for each confined --net none fork. Those wait more than
+// they compute (the records' fsyncs; each worker's move an RCU grace period, 8-15 ms
+// here): beside the dump (~40 ms, criu's) and the rewrite they are off the fork's path.
+// Restore takes them over (RestoreOptions.early); abort undoes them when the fork ends
+// before. The caller calls dumped once Dump returns, whatever it returned.
 type early struct {
+	thawed  chan struct{} // closed once the dump has returned: the source runs again
+	thawOne sync.Once
 	done    chan struct{}
 	err     error
 	forks   []*store.Container
@@ -24,10 +30,12 @@ type early struct {
 	workers []*criu.Worker
 }
 
-// prepared is a fork's cgroup and service worker, made before its restore.
+// prepared is a fork's cgroup and service worker, made before its restore, and the
+// network namespace with loopback up that a confined --net none fork joins (startIn).
 type prepared struct {
 	cg     *cgroup.Cgroup
 	worker *criu.Worker
+	netns  *network.NetNS // nil once startIn took it
 }
 
 // earlyFits reports whether a fork of c with o gets its forks ready during the dump: a
@@ -43,7 +51,7 @@ func earlyFits(c *store.Container, o Options) bool {
 // startEarly starts making c's forks ready; their records hold what the snapshot will copy
 // of c (Dump takes it from the record), and Restore fills them again from the snapshot.
 func startEarly(ctx context.Context, rt *container.Runtime, c *store.Container, o Options) *early {
-	e := &early{done: make(chan struct{}), ready: map[string]*prepared{}}
+	e := &early{thawed: make(chan struct{}), done: make(chan struct{}), ready: map[string]*prepared{}}
 	go func() {
 		defer close(e.done)
 		e.err = e.prepare(ctx, rt, c, o)
@@ -80,18 +88,50 @@ func (e *early) prepare(ctx context.Context, rt *container.Runtime, c *store.Con
 		}
 		// Guessed before the checkpoint exists: flat cgroups, as a container's almost always
 		// are (criu.ServiceCgroupsFor); criu.Restore replaces a worker that guessed wrong.
-		w := o.Service.PrepareWorker(ctx, criu.ServiceCgroups{Join: cg.AllProcsFiles(), Ignore: true})
+		// Moved once the source is thawed: a move holds the cgroup locks through an RCU
+		// grace period, and beside the frozen source's dump it lengthened the pause
+		// (bench/README.md, repeat path); after the dump it overlaps the rewrite.
+		w := o.Service.PrepareWorker(ctx, criu.ServiceCgroups{Join: cg.AllProcsFiles(), Ignore: true, After: e.thawed})
 		e.workers = append(e.workers, w)
 		e.ready[f.ID] = &prepared{cg: cg, worker: w}
 	}
+	// What Dump's choice of namespace means for the checkpoint: it holds none, and the
+	// restore joins a new one (startIn checks the checkpoint). Not beside the frozen
+	// source's dump either.
+	if c.Net != container.NetNone || c.Confine == nil || c.Confine.Privileged {
+		return nil
+	}
+	select {
+	case <-e.thawed:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for _, f := range forks {
+		endNS := trace.Step(ctx, "early: new network namespace")
+		ns, err := network.NewNetNS()
+		endNS()
+		if err != nil {
+			return err
+		}
+		e.ready[f.ID].netns = ns
+	}
 	return nil
 }
+
+// dumped tells the workers the dump has returned (the source is thawed).
+func (e *early) dumped() { e.thawOne.Do(func() { close(e.thawed) }) }
 
 // closeWorkers ends the workers no restore took (a no-op for those that served one).
 func (e *early) closeWorkers() {
 	<-e.done
 	for _, w := range e.workers {
 		w.Close()
+	}
+	for _, p := range e.ready {
+		if p.netns != nil {
+			p.netns.Release()
+			p.netns = nil
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package fork_test
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -18,8 +19,9 @@ import (
 
 // TestRepeatForkReadiedDuringDump: a repeat fork through a long-lived criu service (the
 // daemon's way) reserves its record, makes its cgroup and readies the service's worker
-// during the dump; the fork continues the count in its own cgroup. A fork whose dump fails
-// leaves no record and no cgroup of what it made ready.
+// during the dump, and the new network namespace a confined --net none fork joins; the fork
+// continues the count in its own cgroup and namespace. A fork whose dump fails leaves no
+// record, no cgroup and no namespace-holding thread of what it made ready.
 func TestRepeatForkReadiedDuringDump(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	svc, err := criu.StartService(ctx, criu.DefaultKdatDir(), rt.CRIU)
@@ -42,7 +44,7 @@ func TestRepeatForkReadiedDuringDump(t *testing.T) {
 	for _, s := range rec.Spans() {
 		steps = append(steps, s.Name)
 	}
-	for _, want := range []string{"early: reserve the records", "early: make the cgroup, set its limits", "wait for the forks made ready during the dump"} {
+	for _, want := range []string{"early: reserve the records", "early: make the cgroup, set its limits", "early: new network namespace", "wait for the forks made ready during the dump"} {
 		if !slices.Contains(steps, want) {
 			t.Errorf("no step %q in the repeat fork's trace: %q", want, steps)
 		}
@@ -59,6 +61,10 @@ func TestRepeatForkReadiedDuringDump(t *testing.T) {
 	}
 	if pids, err := cg.Procs(); err != nil || !slices.Contains(pids, f.Pid) {
 		t.Errorf("fork's init %d not in its cgroup: %v %v", f.Pid, pids, err)
+	}
+	netns := func(pid int) string { l, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid)); return l }
+	if n := netns(f.Pid); n == "" || n == netns(src.Pid) || n == netns(os.Getpid()) {
+		t.Errorf("fork's network namespace %q: the source's is %q, ours %q", n, netns(src.Pid), netns(os.Getpid()))
 	}
 
 	// A dump that fails (no such criu) after the fork was made ready.
@@ -92,5 +98,12 @@ func TestRepeatForkReadiedDuringDump(t *testing.T) {
 	}
 	if st := rt.State(testutil.MustGet(t, rt, src.ID)); st != store.StateRunning {
 		t.Errorf("source %s after the failed fork", st)
+	}
+	// The namespace made ready is held by a thread of ours until a restore takes it.
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, task := range tasks {
+		if l, _ := os.Readlink("/proc/self/task/" + task.Name() + "/ns/net"); l != "" && l != netns(os.Getpid()) {
+			t.Errorf("thread %s is still in network namespace %s after the failed fork", task.Name(), l)
+		}
 	}
 }

@@ -102,6 +102,9 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 	}
 	// Transient: GC drops the snapshot if this process dies.
 	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true, SmallPages: o.HugePages != nil && !*o.HugePages, HugePages: o.HugePages != nil && *o.HugePages, ready: ready})
+	if o.early != nil {
+		o.early.dumped()
+	}
 	if err != nil || s.Swap {
 		if o.early != nil {
 			o.early.abort(rt)

@@ -388,11 +388,17 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 	// checkpoint holds, not by the document's confinement.
 	joinNetNS := ""
 	if s.Net == container.NetNone && netns == "" && !criu.CheckpointHasNetNS(s.CheckpointDir) {
-		endNS := trace.Step(ctx, "new network namespace")
-		ns, err := network.NewNetNS()
-		endNS()
-		if err != nil {
-			return fmt.Errorf("fork %s: %w", c.ID, err)
+		var ns *network.NetNS
+		if pre != nil && pre.netns != nil {
+			ns, pre.netns = pre.netns, nil // made during the dump
+		} else {
+			endNS := trace.Step(ctx, "new network namespace")
+			var err error
+			ns, err = network.NewNetNS()
+			endNS()
+			if err != nil {
+				return fmt.Errorf("fork %s: %w", c.ID, err)
+			}
 		}
 		defer ns.Release() // the restored tree holds the namespace from here on
 		joinNetNS, freshNone = ns.Path, false
