@@ -78,6 +78,9 @@ type DumpOptions struct {
 	// ready, for a swap, makes the new source's cgroup and criu worker while the source
 	// runs (swapReady); Swap takes them. Undone here when no swap follows.
 	ready *swapReady
+	// Thawed, if set, is called once criu has returned, so with LeaveRunning (and no
+	// Swap) once the source runs again: a repeat fork's early work waits for it.
+	Thawed func()
 }
 
 // LayersDir holds the frozen upper layers forks stack on.
@@ -351,6 +354,9 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 			return copyTree(ctx, c.Upper, s.Layer)
 		},
 	})
+	if o.Thawed != nil {
+		o.Thawed()
+	}
 	if ps != nil {
 		psConn.Close() // criu's copy: the stream ends with criu
 		_, _, perr := ps.Wait(10 * time.Second)

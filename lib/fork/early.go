@@ -118,7 +118,7 @@ func (e *early) prepare(ctx context.Context, rt *container.Runtime, c *store.Con
 	return nil
 }
 
-// dumped tells the workers the dump has returned (the source is thawed).
+// dumped tells the workers that criu's dump has returned (the source is thawed).
 func (e *early) dumped() { e.thawOne.Do(func() { close(e.thawed) }) }
 
 // closeWorkers ends the workers no restore took (a no-op for those that served one).

@@ -97,13 +97,16 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 		ready = newSwapReady(svc)
 	}
 	// A repeat fork: its records, cgroups and criu workers are made ready during the dump.
+	var thawed func()
 	if !swap && earlyFits(c, o) {
 		o.early = startEarly(ctx, rt, c, o)
+		thawed = o.early.dumped
 	}
 	// Transient: GC drops the snapshot if this process dies.
-	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true, SmallPages: o.HugePages != nil && !*o.HugePages, HugePages: o.HugePages != nil && *o.HugePages, ready: ready})
+	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true,
+		SmallPages: o.HugePages != nil && !*o.HugePages, HugePages: o.HugePages != nil && *o.HugePages, ready: ready, Thawed: thawed})
 	if o.early != nil {
-		o.early.dumped()
+		o.early.dumped() // also when Dump failed before criu ran
 	}
 	if err != nil || s.Swap {
 		if o.early != nil {
