@@ -136,6 +136,7 @@ func exitCode(code int, err error) error {
 type shellCmd struct {
 	Container string `arg:"" help:"Name, id or unique id prefix."`
 	Shell     string `help:"Shell to run (default: bash if the image has it, else sh)."`
+	Term      string `name:"term" env:"TERM" hidden:"" help:"The shell's TERM (this terminal's)."`
 }
 
 func (c *shellCmd) Run(ctx context.Context, g *Globals) error {
@@ -155,7 +156,7 @@ func (c *shellCmd) Run(ctx context.Context, g *Globals) error {
 	if c.Shell != "" {
 		args = []string{c.Shell, "-i"}
 	}
-	req := client.ExecRequest{Argv: args, Env: []string{"TERM=" + os.Getenv("TERM"), "PS1=" + in.ID + ":\\w# "}}
+	req := client.ExecRequest{Argv: args, Env: []string{"TERM=" + c.Term, "PS1=" + in.ID + ":\\w# "}}
 	stdio := client.Stdio{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}
 	// The shell owns this terminal; Ctrl-C belongs to it, not to us.
 	signal.Ignore(os.Interrupt)
