@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/lazyfork/lazyfork/lib/procfs"
 )
 
 // irmapHints finds where the inodes watched by the tree's inotify and fanotify marks live,
@@ -122,17 +124,5 @@ func treePids(pid int, freezerDir string) []int {
 			}
 		}
 	}
-	out := []int{pid}
-	for i := 0; i < len(out) && i < 100000; i++ {
-		tasks, _ := os.ReadDir("/proc/" + strconv.Itoa(out[i]) + "/task")
-		for _, t := range tasks {
-			b, _ := os.ReadFile("/proc/" + strconv.Itoa(out[i]) + "/task/" + t.Name() + "/children")
-			for _, f := range strings.Fields(string(b)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					out = append(out, c)
-				}
-			}
-		}
-	}
-	return out
+	return procfs.Descendants(pid, 100000)
 }

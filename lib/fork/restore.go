@@ -461,6 +461,13 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 				}
 				return container.AttachNetwork(pid, c, parentAddr)
 			case "post-restore":
+				// Every socket is back, still in repair mode: restored connections would
+				// keep IPv4's 524-byte minimum segment (network.ResyncTCPMSS says why).
+				if criu.CheckpointHasTCP(s.CheckpointDir) {
+					if _, err := network.ResyncTCPMSS(pid); err != nil {
+						return err
+					}
+				}
 				if err := conns.Unlock(); err != nil {
 					return err
 				}
