@@ -2,9 +2,10 @@
 // under (Docker's default, unless the container is privileged): a reduced capability set,
 // no_new_privs, Docker's default seccomp profile and the container's user. A Profile is
 // stored in the container record; whoever starts a process inside the container (the
-// container's set-up helper, the exec path) calls Apply on the thread that then execve's.
-// Forks do not call Apply: CRIU dumps and restores capabilities, no_new_privs, seccomp
-// filters and credentials as they are.
+// container's set-up helper, the exec path) calls ApplyFilters on the thread that then
+// execve's, with the seccomp programs lib/confine/filters compiled. Forks do not call it:
+// CRIU dumps and restores capabilities, no_new_privs, seccomp filters and credentials as
+// they are.
 package confine
 
 import (
@@ -12,7 +13,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 
 	"github.com/moby/sys/capability"
@@ -85,53 +85,30 @@ func (p Profile) Validate() error {
 	return nil
 }
 
-// Apply confines the calling process for its next execve: supplementary groups, gid and
-// uid, the capability sets, no_new_privs and the seccomp filter, in that order (the
-// bounding set can only shrink while CAP_SETPCAP is effective, and the filter goes last
-// so it never has to allow the set-up itself). It cannot be undone.
+// Filtered reports whether p loads a seccomp filter (Docker's default profile): then
+// ApplyFilters needs its programs (lib/confine/filters compiles them).
+func (p Profile) Filtered() bool { return !p.Privileged && p.Seccomp == SeccompDefault }
+
+// ApplyFilters confines the calling process for its next execve: supplementary groups,
+// gid and uid, the capability sets, no_new_privs and the seccomp programs progs
+// (filters.For(p), compiled by whoever started this process, or filters.Apply), in that
+// order (the bounding set can only shrink while CAP_SETPCAP is effective, and the filter
+// goes last so it never has to allow the set-up itself). It cannot be undone. A profile
+// that needs a filter and is given none is refused before anything changes: a missing
+// program never means no filter.
 //
 // Capabilities and no_new_privs are per thread: call runtime.LockOSThread first and
-// execve from the same goroutine right after Apply returns (syscall.Exec). The seccomp
-// filter is synchronised to every thread (SECCOMP_FILTER_FLAG_TSYNC). After Apply the
-// caller can no longer mount, setns or change users; do all of that before.
-func (p Profile) Apply() error { return p.ApplyFilters(nil) }
-
-// Filters are the profile's seccomp programs (none for a privileged or unconfined one),
-// compiled once per set of capabilities in this process: a daemon compiles them for the
-// commands it execs once, not anew in each exec helper.
-func (p Profile) Filters() ([][]unix.SockFilter, error) {
-	if p.Privileged || p.Seccomp != SeccompDefault {
-		return nil, nil
-	}
-	key := strings.Join(p.Caps, ",")
-	if v, ok := compiled.Load(key); ok {
-		return v.([][]unix.SockFilter), nil
-	}
-	progs, err := DefaultFilters(p.Caps)
-	if err != nil {
-		return nil, err
-	}
-	compiled.Store(key, progs)
-	return progs, nil
-}
-
-var compiled sync.Map // caps -> [][]unix.SockFilter
-
-// ApplyFilters is Apply with the seccomp programs Filters compiled for the profile
-// (given by the process that started this one); with none, a profile that needs a filter
-// compiles its own, so a missing program never means no filter.
+// execve from the same goroutine right after ApplyFilters returns (syscall.Exec). The
+// seccomp filter is synchronised to every thread (SECCOMP_FILTER_FLAG_TSYNC). After it
+// the caller can no longer mount, setns or change users; do all of that before.
 func (p Profile) ApplyFilters(progs [][]unix.SockFilter) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	if p.Privileged || p.Seccomp != SeccompDefault {
+	if !p.Filtered() {
 		progs = nil
 	} else if len(progs) == 0 {
-		// Compiled before anything is dropped, so an error leaves the process untouched.
-		var err error
-		if progs, err = p.Filters(); err != nil {
-			return err
-		}
+		return fmt.Errorf("confine: no seccomp programs for a profile with the %s filter (lib/confine/filters compiles them)", p.Seccomp)
 	}
 	for _, prog := range progs {
 		if len(prog) == 0 || len(prog) > bpfMaxInsns {

@@ -2,6 +2,7 @@ package confine_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,10 +12,14 @@ import (
 	"testing"
 
 	"github.com/lazyfork/lazyfork/lib/confine"
+	"github.com/lazyfork/lazyfork/lib/confine/filters"
 	"github.com/lazyfork/lazyfork/lib/testutil"
 )
 
-const childEnv = "LF_CONFINE_TEST_PROFILE"
+const (
+	childEnv = "LF_CONFINE_TEST_PROFILE"
+	noProgs  = "LF_CONFINE_TEST_NO_PROGRAMS" // the child calls ApplyFilters(nil)
+)
 
 // TestMain doubles as the confined child: with childEnv set, it applies that profile and
 // execs its arguments, as the container set-up helper does.
@@ -26,7 +31,11 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(126)
 		}
-		if err := p.Apply(); err != nil {
+		apply := func() error { return filters.Apply(p) }
+		if os.Getenv(noProgs) != "" {
+			apply = func() error { return p.ApplyFilters(nil) }
+		}
+		if err := apply(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(126)
 		}
@@ -71,11 +80,11 @@ func status(t *testing.T, p confine.Profile) map[string]string {
 const dockerCapMask = "00000000a80425fb"
 
 func TestPolicyCompiles(t *testing.T) {
-	pol, err := confine.DefaultPolicy(confine.DefaultCaps)
+	pol, err := filters.DefaultPolicy(confine.DefaultCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	progs, err := confine.DefaultFilters(confine.DefaultCaps)
+	progs, err := filters.DefaultFilters(confine.DefaultCaps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +140,34 @@ func TestApplyUser(t *testing.T) {
 	} {
 		if st[k] != want {
 			t.Errorf("%s = %q, want %q", k, st[k], want)
+		}
+	}
+}
+
+// A profile that needs a seccomp filter and is given no programs is refused before
+// anything changes; a privileged one needs none.
+func TestApplyFiltersNeedsPrograms(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, c := range []struct {
+		p    confine.Profile
+		want string // in the output; "" = runs
+	}{{confine.Default(), "no seccomp programs"}, {confine.Privileged(), ""}} {
+		js, err := json.Marshal(c.p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(os.Args[0], "/bin/sh", "-c", "grep -E '^(Seccomp|CapEff):' /proc/self/status")
+		cmd.Env = []string{childEnv + "=" + string(js), noProgs + "=1"}
+		out, err := cmd.CombinedOutput()
+		if c.want == "" {
+			if err != nil || !strings.Contains(string(out), "Seccomp:\t0") {
+				t.Errorf("privileged, no programs: %v %q", err, out)
+			}
+			continue
+		}
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 126 || !strings.Contains(string(out), c.want) {
+			t.Errorf("confined, no programs: %v %q, want exit 126 naming %q", err, out, c.want)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfork/lazyfork/lib/confine/filters"
 	"github.com/lazyfork/lazyfork/lib/guard"
 	"github.com/lazyfork/lazyfork/lib/helper"
 	"github.com/lazyfork/lazyfork/lib/store"
@@ -205,7 +206,7 @@ func (r *Runtime) Exec(ctx context.Context, c *store.Container, o ExecOptions) (
 	if err := cfg.Confine.Validate(); err != nil {
 		return nil, fail(err)
 	}
-	if cfg.Filters, err = cfg.Confine.Filters(); err != nil {
+	if cfg.Filters, err = filters.For(cfg.Confine); err != nil {
 		return nil, fail(err)
 	}
 	endPrep()

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/confine"
+	"github.com/lazyfork/lazyfork/lib/confine/filters"
 )
 
 // InitArg is the hidden first argument with which the lazyfork binary re-executes itself
@@ -140,7 +141,7 @@ func containerInit() error {
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("close inherited fds: %w", err)
 	}
-	if err := cfg.Confine.Apply(); err != nil {
+	if err := filters.Apply(cfg.Confine); err != nil {
 		return err
 	}
 	err = unix.Exec(path, cfg.Args, cfg.Env)

@@ -20,6 +20,10 @@ func TestStageDependencies(t *testing.T) {
 		lf + "image", "github.com/google/go-containerregistry",
 	}
 	everyStage := []string{lf + "daemon", lf + "client"}
+	// The seccomp compiler (lib/confine/filters): its syscall tables' set-up was the
+	// largest package init of the two binaries whose start every exec and fork through
+	// the daemon pays; they load (helper) or never touch (client) compiled programs.
+	compiler := []string{lf + "confine/filters", "github.com/elastic/go-seccomp-bpf", "github.com/moby/profiles"}
 	banned := map[string][]string{
 		"lf-memfile": heavy,
 		"lf-inspect": heavy,
@@ -32,11 +36,11 @@ func TestStageDependencies(t *testing.T) {
 		"lf-overlay":   {"github.com/checkpoint-restore/", "github.com/containerd/cgroups", lf + "container", lf + "image", lf + "store"},
 		"lf-cgroup":    {"github.com/checkpoint-restore/", lf + "container", lf + "image", lf + "store", lf + "overlay"},
 		// Started by every exec (lib/helper): its start is part of each one's time.
-		"cmd/lazyfork-helper": append(heavy, "google.golang.org/protobuf", "net/http", "github.com/alecthomas/kong", lf+"store", lf+"stage", lf+"paths"),
+		"cmd/lazyfork-helper": append(append(heavy, compiler...), "google.golang.org/protobuf", "net/http", "github.com/alecthomas/kong", lf+"store", lf+"stage", lf+"paths"),
 		// The command users type (lib/porcelain over the daemon's client): its start is
 		// part of every fork's and exec's time through the daemon; it hands the rest to
 		// lazyfork-engine. The daemon's client is its job; the daemon is not.
-		"cmd/lazyfork": append(heavy, "google.golang.org/protobuf", lf+"daemon", lf+"snaptree", lf+"doctor",
+		"cmd/lazyfork": append(append(heavy, compiler...), "google.golang.org/protobuf", lf+"daemon", lf+"snaptree", lf+"doctor",
 			lf+"ksm", lf+"memfile", lf+"snapshot", lf+"network", "github.com/klauspost/compress"),
 		"lf-dump":    nil,
 		"lf-restore": nil,

@@ -1,10 +1,16 @@
-package confine
+// Package filters compiles the seccomp programs of a confine.Profile: Docker's default
+// profile (github.com/moby/profiles) translated and assembled with go-seccomp-bpf. It is
+// apart from lib/confine, which loads the programs (Profile.ApplyFilters), so that what
+// only loads them (lazyfork-helper, given them by the daemon) or only reads a Profile (the
+// lazyfork client, through the store's records) links neither the compiler nor its syscall
+// tables, whose set-up was the largest package init of both.
+package filters
 
 import (
 	"fmt"
 	"slices"
 	"strings"
-	"unsafe"
+	"sync"
 
 	bpfseccomp "github.com/elastic/go-seccomp-bpf"
 	"github.com/elastic/go-seccomp-bpf/arch"
@@ -12,6 +18,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfork/lazyfork/lib/confine"
 )
 
 // Skipped is one rule of the profile the compiler could not express, and why.
@@ -312,25 +320,6 @@ func compile(p *bpfseccomp.Policy) ([]unix.SockFilter, error) {
 	return out, nil
 }
 
-// loadFilter installs prog for every thread of the process. no_new_privs (or
-// CAP_SYS_ADMIN) must already hold.
-// bpfMaxInsns is the kernel's limit on a classic BPF program (BPF_MAXINSNS).
-const bpfMaxInsns = 4096
-
-func loadFilter(prog []unix.SockFilter) error {
-	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
-	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER,
-		unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog)))
-	if errno != 0 {
-		return fmt.Errorf("confine: load seccomp filter (%d instructions): %w", len(prog), errno)
-	}
-	if r != 0 {
-		// With TSYNC a positive return names a thread that could not take the filter.
-		return fmt.Errorf("confine: load seccomp filter: thread %d could not be synchronised", r)
-	}
-	return nil
-}
-
 // FormatSkipped renders skipped rules for a log line or a test message.
 func FormatSkipped(s []Skipped) string {
 	var b strings.Builder
@@ -341,4 +330,36 @@ func FormatSkipped(s []Skipped) string {
 		b.WriteString(x.Syscall + ": " + x.Reason)
 	}
 	return b.String()
+}
+
+// For is p's seccomp programs (none for a privileged or unconfined profile), compiled once
+// per set of capabilities in this process: a daemon compiles them for the commands it
+// execs once, not anew in each exec helper, which is given them (helper.Config.Filters).
+func For(p confine.Profile) ([][]unix.SockFilter, error) {
+	if !p.Filtered() {
+		return nil, nil
+	}
+	key := strings.Join(p.Caps, ",")
+	if v, ok := compiled.Load(key); ok {
+		return v.([][]unix.SockFilter), nil
+	}
+	progs, err := DefaultFilters(p.Caps)
+	if err != nil {
+		return nil, err
+	}
+	compiled.Store(key, progs)
+	return progs, nil
+}
+
+var compiled sync.Map // caps -> [][]unix.SockFilter
+
+// Apply confines the calling process with p for its next execve (confine.Profile.
+// ApplyFilters, which says how), its programs compiled first: an error there leaves the
+// process untouched.
+func Apply(p confine.Profile) error {
+	progs, err := For(p)
+	if err != nil {
+		return err
+	}
+	return p.ApplyFilters(progs)
 }
