@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,6 +48,13 @@ var ErrAllocator = errors.New("unsupported allocator")
 // ErrUserfaultfd refuses a workload holding a userfaultfd: CRIU has no dumper for one
 // ("Can't dump file N of that type ... anon_inode:[userfaultfd]"), so no dump can succeed.
 var ErrUserfaultfd = errors.New("holds a userfaultfd, which CRIU cannot checkpoint")
+
+// ErrWatchNoPath refuses a workload watching, with inotify or fanotify, a file deleted
+// while still open: CRIU saves a watch by the file's handle and reopens it by handle or
+// by a path it finds; overlayfs gives no handles without nfs_export (which LazyFork's
+// swap cannot use: docs/zdtm.md, inotify00) and a deleted file has no path ("fsnotify:
+// Can't dump that handle"). Watches on files with a name fork (irmap).
+var ErrWatchNoPath = errors.New("watches a file deleted while open (inotify/fanotify), which CRIU cannot checkpoint on overlayfs")
 
 // DumpOptions tune a dump.
 type DumpOptions struct {
@@ -380,6 +388,11 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 				return nil, fmt.Errorf("dump %s: process %d (%s) %w; close it before forking", name, pid, procComm(pid), ErrUserfaultfd)
 			}
 		}
+		if strings.Contains(err.Error(), "Can't dump that handle") {
+			if pid, what := watchWithoutPath(cg, err); pid != 0 {
+				return nil, fmt.Errorf("dump %s: process %d (%s) %w (%s); remove the watch, or keep a name for the file, before forking", name, pid, procComm(pid), ErrWatchNoPath, what)
+			}
+		}
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
 	s.State, s.Owner, s.Swap = stage.SnapDumped, 0, swap
@@ -551,6 +564,51 @@ func procComm(pid int) string {
 		return "?"
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// handleRe is CRIU's warning before "Can't dump that handle": the watched inode.
+var handleRe = regexp.MustCompile(`Handle 0x[0-9a-f]+:0x([0-9a-f]+) cannot be opened`)
+
+// watchWithoutPath finds the process of the group whose inotify or fanotify mark CRIU
+// could not save (dumpErr's log names the inode; without it, the first mark on a file
+// open as deleted), and says which file it is.
+func watchWithoutPath(cg *cgroup.Cgroup, dumpErr error) (int, string) {
+	want := ""
+	var ce *criu.Error
+	if errors.As(dumpErr, &ce) {
+		if m := handleRe.FindStringSubmatch(ce.Excerpt); m != nil {
+			want = m[1]
+		}
+	}
+	deleted := map[string]string{} // inode (hex) of a file open as deleted -> its old path
+	_, _ = findFd(cg, func(path, target string) string {
+		var st unix.Stat_t
+		if strings.HasSuffix(target, " (deleted)") && unix.Stat(path, &st) == nil {
+			deleted[strconv.FormatUint(st.Ino, 16)] = target
+		}
+		return ""
+	})
+	pid, what := findFd(cg, func(path, target string) string {
+		if target != "anon_inode:inotify" && target != "anon_inode:[fanotify]" {
+			return ""
+		}
+		b, _ := os.ReadFile(strings.Replace(path, "/fd/", "/fdinfo/", 1))
+		for _, l := range strings.Split(string(b), "\n") {
+			i := strings.Index(l, " ino:")
+			if !strings.HasPrefix(l, "inotify ") && !strings.HasPrefix(l, "fanotify ") || i < 0 {
+				continue
+			}
+			ino := strings.Fields(l[i+len(" ino:"):])[0]
+			if ino == want || want == "" && deleted[ino] != "" {
+				if f := deleted[ino]; f != "" {
+					return fmt.Sprintf("inode 0x%s, %s", ino, f)
+				}
+				return "inode 0x" + ino
+			}
+		}
+		return ""
+	})
+	return pid, what
 }
 
 // lossyDescriptor returns a process of the group holding a descriptor that a restore does

@@ -390,6 +390,38 @@ for i in itertools.count():
 	testutil.Eventually(t, 10*time.Second, "the source to go on", func() bool { return len(lines(src)) > n+3 })
 }
 
+// A program watching (inotify) a file it deleted while holding it open cannot be forked:
+// CRIU saves a watch by file handle, which overlayfs refuses without nfs_export, or by a
+// path, which a deleted file has not (zdtm inotify00: "fsnotify: Can't dump that
+// handle"). The fork fails at once naming the process and the file, nothing is left
+// behind and the source goes on; a watch on a file with a name forks (TestForkInotifyWatch).
+func TestForkWatchOnDeletedFileRefused(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import ctypes, itertools, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+os.makedirs("/srv/w", exist_ok=True)
+keep = open("/srv/w/gone", "w")
+fd = libc.inotify_init1(os.O_CLOEXEC)
+assert fd >= 0 and libc.inotify_add_watch(fd, b"/srv/w/gone", 0x8) >= 0, os.strerror(ctypes.get_errno())
+os.unlink("/srv/w/gone")
+for i in itertools.count():
+    print(i, flush=True)
+    time.sleep(0.1)
+`
+	src := create(t, rt, "watchgone", "python3", "-c", py)
+	testutil.Eventually(t, 10*time.Second, "the program to start", func() bool { return len(lines(src)) > 2 })
+	before := strings.Split(leftovers(t, rt.Containers), " cgroups=")[0]
+	_, _, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
+	if !errors.Is(err, fork.ErrWatchNoPath) || !strings.Contains(err.Error(), itoa(src.Pid)+" (python3)") || !strings.Contains(err.Error(), "/srv/w/gone") {
+		t.Fatalf("fork of a program watching a deleted file: %v, want ErrWatchNoPath naming process %d (python3) and /srv/w/gone", err, src.Pid)
+	}
+	if after := strings.Split(leftovers(t, rt.Containers), " cgroups=")[0]; after != before {
+		t.Errorf("left behind: before %s, after %s", before, after)
+	}
+	n := len(lines(src))
+	testutil.Eventually(t, 10*time.Second, "the source to go on", func() bool { return len(lines(src)) > n+3 })
+}
+
 // A program holding a flock(2) lock, which recorded the locked file's device number,
 // still finds its lock on that device after its container was forked: the first fork
 // used to swap the source onto a new overlay mount, which gives every file another
