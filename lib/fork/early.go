@@ -40,10 +40,11 @@ type prepared struct {
 
 // earlyFits reports whether a fork of c with o gets its forks ready during the dump: a
 // repeat fork (the source maps its family already; the rewrite is short, so the dump is
-// what the fork waits for) of a few forks, with the daemon's service; not a cluster's, and
-// not bridge mode (addresses are handed out with the snapshot's subnet).
-func earlyFits(c *store.Container, o Options) bool {
-	return c.Family != "" && !o.Copy && !o.Share && c.Cluster == "" && c.Net != container.NetBridge &&
+// what the fork waits for) or a first one that swaps the source (its dump's preallocation
+// leaves time before the freeze), of a few forks, with a criu service; not a cluster's,
+// and not bridge mode (addresses are handed out with the snapshot's subnet).
+func earlyFits(c *store.Container, o Options, swap bool) bool {
+	return (c.Family != "" || swap) && !o.Copy && !o.Share && c.Cluster == "" && c.Net != container.NetBridge &&
 		!o.PerForkCriu && o.NetNS == "" && o.Service != nil && o.Service.Alive() &&
 		o.N >= 1 && o.N <= runtime.NumCPU()
 }
@@ -116,6 +117,15 @@ func (e *early) prepare(ctx context.Context, rt *container.Runtime, c *store.Con
 		e.ready[f.ID].netns = ns
 	}
 	return nil
+}
+
+// waitReady returns once the forks are ready: records, groups, namespaces, and the
+// workers in their groups (a swap's dump waits for it before the freeze; see dumped).
+func (e *early) waitReady() {
+	<-e.done
+	for _, w := range e.workers {
+		w.Wait()
+	}
 }
 
 // dumped tells the workers that criu's dump has returned (the source is thawed).

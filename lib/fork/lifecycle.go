@@ -96,11 +96,20 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 		o.Service = svc
 		ready = newSwapReady(svc)
 	}
-	// A repeat fork: its records, cgroups and criu workers are made ready during the dump.
+	// A repeat fork, or a first one (the swap): its records, cgroups and criu workers are
+	// made ready during the dump.
 	var thawed func()
-	if !swap && earlyFits(c, o) {
+	if earlyFits(c, o, swap) {
 		o.early = startEarly(ctx, rt, c, o)
-		thawed = o.early.dumped
+		if swap {
+			// A swap's source stays frozen after its dump, until its restore: its forks are
+			// made ready before the freeze instead (the preallocation leaves the time), and
+			// the dump waits for them.
+			o.early.dumped()
+			ready.alsoWait(o.early.waitReady)
+		} else {
+			thawed = o.early.dumped
+		}
 	}
 	// Transient: GC drops the snapshot if this process dies.
 	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true,
@@ -108,14 +117,12 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 	if o.early != nil {
 		o.early.dumped() // also when Dump failed before criu ran
 	}
-	if err != nil || s.Swap {
+	if err != nil {
 		if o.early != nil {
 			o.early.abort(rt)
 			o.early = nil
 		}
-		if err != nil {
-			return nil, nil, err
-		}
+		return nil, nil, err
 	}
 	if s.Swap {
 		return forkSwapped(ctx, rt, c, s, o, ready)
@@ -310,6 +317,13 @@ func serviceForSwap(ctx context.Context, rt *container.Runtime, have *criu.Servi
 // rewrite, the source moved onto the snapshot (Swap), then the forks. The source is never
 // lost: until Swap has a new source running, any failure thaws the old one as it was.
 func forkSwapped(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, o Options, ready *swapReady) ([]stage.Fork, *stage.Snapshot, error) {
+	// The forks made ready during the dump go unless Restore takes them.
+	keepEarly := false
+	defer func() {
+		if o.early != nil && !keepEarly {
+			o.early.abort(rt)
+		}
+	}()
 	m, err := Memfile(ctx, s, MemfileOptions{Force: o.Force, HugePages: o.HugePages != nil && *o.HugePages, KSM: o.KSM})
 	if err != nil {
 		ready.abort()
@@ -345,6 +359,7 @@ func forkSwapped(ctx context.Context, rt *container.Runtime, c *store.Container,
 	if o.N == 0 {
 		return nil, m, nil
 	}
-	forks, err := Restore(ctx, rt, m, o.RestoreOptions)
+	keepEarly = true
+	forks, err := Restore(ctx, rt, m, o.RestoreOptions) // takes o.early over
 	return forks, m, err
 }

@@ -22,6 +22,15 @@ type swapReady struct {
 	svc  *criu.Service
 	done chan struct{}
 	pre  *prepared
+	also []func() // more to wait for before the freeze (alsoWait)
+}
+
+// alsoWait makes wait (before the freeze) call wait too: the forks' readiness (early),
+// whose cgroup moves would otherwise run beside the frozen dump.
+func (r *swapReady) alsoWait(wait func()) {
+	if r != nil {
+		r.also = append(r.also, wait)
+	}
 }
 
 // newSwapReady returns a swapReady for a swap's restore served by svc, or nil (no
@@ -58,10 +67,16 @@ func (r *swapReady) start(ctx context.Context, rt *container.Runtime, c *store.C
 	}()
 }
 
-// wait returns once start's work has ended.
+// wait returns once start's work, and what alsoWait added, has ended.
 func (r *swapReady) wait() {
-	if r != nil && r.done != nil {
+	if r == nil {
+		return
+	}
+	if r.done != nil {
 		<-r.done
+	}
+	for _, w := range r.also {
+		w()
 	}
 }
 

@@ -19,8 +19,8 @@ import (
 const readyStep = "swap: make the new source's cgroup and criu worker"
 
 // A running container's first fork through a criu service makes the new source's cgroup
-// and criu worker before the freeze, and the swap's restore uses them: nothing of the kind
-// is made while the source is frozen. The new source runs in that group (named after the
+// and criu worker, and the fork's record, group and worker, before the freeze, and the
+// restores use them: nothing of the kind is made while the source is frozen. The new source runs in that group (named after the
 // container and the snapshot), counts on from where it was frozen without a gap, the old
 // processes and their group are gone once the fork returns, and the fork counts on from
 // the fork instant. A swap dump that fails (a broken criu) ends the group made ahead, and
@@ -62,6 +62,16 @@ func TestSwapReadiedBeforeTheFreeze(t *testing.T) {
 		made := sp.Name == "make the cgroup, set its limits" || sp.Name == "criu service: new worker (connect, hello)"
 		if made && sp.StartMs >= freeze.StartMs && sp.StartMs <= resumed.StartMs {
 			t.Errorf("%q at %.1f ms, while the source was frozen (%.1f-%.1f ms)", sp.Name, sp.StartMs, freeze.StartMs, resumed.StartMs)
+		}
+		// The fork's record and group were made ready during the dump too, before the
+		// freeze.
+		if strings.HasPrefix(sp.Name, "early: ") && sp.StartMs+sp.Ms > freeze.StartMs {
+			t.Errorf("%q ended at %.1f ms, after the freeze at %.1f ms", sp.Name, sp.StartMs+sp.Ms, freeze.StartMs)
+		}
+	}
+	for _, want := range []string{"early: reserve the records", "early: make the cgroup, set its limits", "wait for the forks made ready during the dump"} {
+		if _, ok := find(want); !ok {
+			t.Errorf("no step %q in the first fork's trace", want)
 		}
 	}
 	cur := testutil.MustGet(t, rt, src.ID)
