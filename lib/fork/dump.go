@@ -217,6 +217,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	if err != nil {
 		return nil, fmt.Errorf("dump %s: %w", name, err)
 	}
+	endSwapChecks := trace.Step(ctx, "swap: check what a swap cannot carry")
 	if swap {
 		if tid, _ := criu.StoppedTask(cg.FreezerDir()); tid != 0 {
 			swap = false // freezing first would hang on it (see criu.StoppedTask)
@@ -244,10 +245,14 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		} else {
 			// Recorded before the freeze: should this process die from here on, GC finds
 			// the snapshot's owner gone and gives the source back (recoverSwap).
+			endSwapChecks()
+			endSwapChecks = trace.Step(ctx, "swap: record it")
 			s.Swap = true
 			if err := Save(s); err != nil {
 				return nil, fmt.Errorf("dump %s: %w", name, err)
 			}
+			endSwapChecks()
+			endSwapChecks = func() {}
 			// The new source's group and worker are ready before the pause starts.
 			endReady := trace.Step(ctx, "swap: wait for the new source's cgroup and criu worker")
 			o.ready.wait()
@@ -257,6 +262,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		// group stays frozen after the dump (CRIU restores the freezer state it found):
 		// the source is paused until Swap ends or undoes it.
 	}
+	endSwapChecks()
 	moved := false
 	defer func() {
 		if retErr != nil && swap {
