@@ -91,6 +91,41 @@ type DumpOptions struct {
 	Thawed func()
 }
 
+// swapCannotCarry reports whether c's processes hold something a swap would change for
+// them, so that a copy must be made instead.
+func swapCannotCarry(cg *cgroup.Cgroup, c *store.Container) bool {
+	if pid, _ := unlinkedWithOtherNames(cg); pid != 0 {
+		// CRIU carries such a file by a hard link it makes beside the old name and
+		// deletes after the dump: in a swap the upper is the snapshot's layer by then,
+		// and the link would be gone from it (zdtm unlink_fstat03). A copy keeps it.
+		return true
+	}
+	if wholeFileLock(cg, c.RootFS) {
+		// A swap runs the source on a new overlay mount: every file's device number
+		// changes. A program that recorded it checks it against the lock it holds
+		// (zdtm file_locks01 compares fstat's st_dev with /proc's lock record). A copy
+		// leaves the source on its mount.
+		return true
+	}
+	if breakingLease(cg) {
+		// CRIU restores a lease being broken by breaking it again, and the signal that
+		// sends reaches the program (zdtm file_lease02-04): a swap would do that to the
+		// source itself. A copy leaves the source as it is.
+		return true
+	}
+	// A restore changes what these observe: fanotify marks come back other than they
+	// were (zdtm fanotify00 fails in a plain CRIU copy too). A swap would do that to the
+	// source; a copy does not.
+	pid, _ := lossyDescriptor(cg)
+	return pid != 0
+}
+
+// dumpsInOwnNetNS: c is dumped from inside its own network namespace (a confined --net
+// none container), so its checkpoint holds none and every restore makes a fresh one.
+func dumpsInOwnNetNS(c *store.Container) bool {
+	return c.Net == container.NetNone && c.Cluster == "" && c.Confine != nil && !c.Confine.Privileged
+}
+
 // LayersDir holds the frozen upper layers forks stack on.
 func LayersDir() string { return paths.Layers() }
 
@@ -193,8 +228,13 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	endSave()
 
 	swap := o.Swap && !o.Exit
+	var cannotCarry chan bool
 	if swap {
 		o.ready.start(ctx, rt, c, s)
+		// What a swap cannot carry is looked for beside the preallocation (they read
+		// /proc: ~20 ms here), not after it.
+		cannotCarry = make(chan bool, 1)
+		go func() { cannotCarry <- swapCannotCarry(cg, c) }()
 	}
 	// A source's first swap (it runs on its own memory): its memory files' pages are
 	// allocated now, while it runs, so that the rewrite it is frozen for writes into them.
@@ -221,27 +261,8 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	if swap {
 		if tid, _ := criu.StoppedTask(cg.FreezerDir()); tid != 0 {
 			swap = false // freezing first would hang on it (see criu.StoppedTask)
-		} else if pid, _ := unlinkedWithOtherNames(cg); pid != 0 {
-			// CRIU carries such a file by a hard link it makes beside the old name and
-			// deletes after the dump: in a swap the upper is the snapshot's layer by then,
-			// and the link would be gone from it (zdtm unlink_fstat03). A copy keeps it.
-			swap = false
-		} else if wholeFileLock(cg, c.RootFS) {
-			// A swap runs the source on a new overlay mount: every file's device number
-			// changes. A program that recorded it checks it against the lock it holds
-			// (zdtm file_locks01 compares fstat's st_dev with /proc's lock record). A copy
-			// leaves the source on its mount.
-			swap = false
-		} else if breakingLease(cg) {
-			// CRIU restores a lease being broken by breaking it again, and the signal that
-			// sends reaches the program (zdtm file_lease02-04): a swap would do that to the
-			// source itself. A copy leaves the source as it is.
-			swap = false
-		} else if pid, _ := lossyDescriptor(cg); pid != 0 {
-			// A restore changes what these observe: fanotify marks come back other than
-			// they were (zdtm fanotify00 fails in a plain CRIU copy too). A swap would do
-			// that to the source; a copy does not.
-			swap = false
+		} else if <-cannotCarry {
+			swap = false // a copy keeps what a swap would change (swapCannotCarry)
 		} else {
 			// Recorded before the freeze: should this process die from here on, GC finds
 			// the snapshot's owner gone and gives the source back (recoverSwap).
@@ -301,7 +322,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	// the conntrack tables, which CRIU makes for every namespace it dumps, empty or not,
 	// and which reads the host's whole conntrack hash (~25 ms of a repeat fork's pause).
 	netns := o.NetNS
-	if netns == "" && c.Net == container.NetNone && c.Cluster == "" && c.Confine != nil && !c.Confine.Privileged {
+	if netns == "" && dumpsInOwnNetNS(c) {
 		netns = fmt.Sprintf("/proc/%d/ns/net", c.Pid) // c.Pid is the group's (checked above)
 	}
 	tcpEstablished := c.Net == container.NetNone || c.Net == container.NetBridge

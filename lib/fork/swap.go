@@ -46,16 +46,21 @@ func Swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *sta
 // it returns, and the old processes end in the background: endOld waits for that.
 func swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, svc *criu.Service, pre *prepared) (endOld func(), retErr error) {
 	if pre != nil {
-		defer pre.worker.Close() // unless the restore took it
+		p := pre
+		defer func() {
+			p.worker.Close()    // unless the restore took it
+			if p.netns != nil { // nor its namespace
+				p.netns.Release()
+				p.netns = nil
+			}
+		}()
 	}
 	if svc != nil && !svc.Alive() {
 		svc = nil
 	}
 	if pre != nil && svc == nil {
 		// Its worker is the dead service's: the restore makes its own group and criu.
-		pre.worker.Close()
-		_ = pre.cg.Kill()
-		_ = pre.cg.Remove()
+		pre.end()
 		pre = nil
 	}
 	var oldCg *cgroup.Cgroup
@@ -64,10 +69,7 @@ func swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *sta
 		oldCg, err = cgroup.LoadOwned(c.Cgroup)
 	}
 	if err != nil {
-		if pre != nil {
-			_ = pre.cg.Kill()
-			_ = pre.cg.Remove()
-		}
+		pre.end()
 		return nil, fmt.Errorf("swap %s: %w", c.Display(), err)
 	}
 	old := *c

@@ -6,6 +6,7 @@ import (
 	"github.com/lazyfork/lazyfork/lib/cgroup"
 	"github.com/lazyfork/lazyfork/lib/container"
 	"github.com/lazyfork/lazyfork/lib/criu"
+	"github.com/lazyfork/lazyfork/lib/network"
 	"github.com/lazyfork/lazyfork/lib/stage"
 	"github.com/lazyfork/lazyfork/lib/store"
 	"github.com/lazyfork/lazyfork/lib/trace"
@@ -62,8 +63,17 @@ func (r *swapReady) start(ctx context.Context, rt *container.Runtime, c *store.C
 		}
 		// Flat groups, guessed before the checkpoint exists (see early.prepare).
 		w := r.svc.PrepareWorker(ctx, criu.ServiceCgroups{Join: cg.AllProcsFiles(), Ignore: true})
+		p := &prepared{cg: cg, worker: w}
+		// Dumped from inside its namespace, the new source gets a fresh one (startIn).
+		if dumpsInOwnNetNS(c) {
+			endNS := trace.Step(ctx, "swap: new network namespace")
+			if ns, err := network.NewNetNS(); err == nil {
+				p.netns = ns
+			}
+			endNS()
+		}
 		w.Wait()
-		r.pre = &prepared{cg: cg, worker: w}
+		r.pre = p
 	}()
 }
 
@@ -93,9 +103,19 @@ func (r *swapReady) take() *prepared {
 
 // abort undoes what was made and not taken: the swap does not happen.
 func (r *swapReady) abort() {
-	if p := r.take(); p != nil {
-		p.worker.Close()
-		_ = p.cg.Kill()
-		_ = p.cg.Remove()
+	r.take().end()
+}
+
+// end undoes a swap's prepared group, worker and namespace that no restore took.
+func (p *prepared) end() {
+	if p == nil {
+		return
+	}
+	p.worker.Close()
+	_ = p.cg.Kill()
+	_ = p.cg.Remove()
+	if p.netns != nil {
+		p.netns.Release()
+		p.netns = nil
 	}
 }

@@ -59,7 +59,7 @@ func TestSwapReadiedBeforeTheFreeze(t *testing.T) {
 		t.Errorf("the new source's group and worker were ready at %.1f ms, after the freeze at %.1f ms", ready.StartMs+ready.Ms, freeze.StartMs)
 	}
 	for _, sp := range spans {
-		made := sp.Name == "make the cgroup, set its limits" || sp.Name == "criu service: new worker (connect, hello)"
+		made := sp.Name == "make the cgroup, set its limits" || sp.Name == "criu service: new worker (connect, hello)" || sp.Name == "new network namespace"
 		if made && sp.StartMs >= freeze.StartMs && sp.StartMs <= resumed.StartMs {
 			t.Errorf("%q at %.1f ms, while the source was frozen (%.1f-%.1f ms)", sp.Name, sp.StartMs, freeze.StartMs, resumed.StartMs)
 		}
@@ -89,6 +89,16 @@ func TestSwapReadiedBeforeTheFreeze(t *testing.T) {
 	}
 	if _, err := os.Stat("/proc/" + itoa(oldPid)); err == nil {
 		t.Errorf("the old source process %d is still there after the fork returned", oldPid)
+	}
+	// A confined --net none source gets a namespace of its own (made before the freeze),
+	// never the host's.
+	host, err1 := os.Readlink("/proc/self/ns/net")
+	ns, err2 := os.Readlink("/proc/" + itoa(cur.Pid) + "/ns/net")
+	if err1 != nil || err2 != nil || ns == host {
+		t.Errorf("the new source's network namespace %q (host %q): %v %v", ns, host, err1, err2)
+	}
+	if _, ok := find("swap: new network namespace"); !ok && cur.Confine != nil && !cur.Confine.Privileged {
+		t.Errorf("no step %q: the confined source's namespace was not made before the freeze", "swap: new network namespace")
 	}
 	if g, err := cgroup.LoadOwned(oldCg); err == nil {
 		if _, err := os.Stat(g.FreezerDir()); err == nil {
