@@ -89,9 +89,12 @@ func (e *early) prepare(ctx context.Context, rt *container.Runtime, c *store.Con
 		}
 		// Guessed before the checkpoint exists: flat cgroups, as a container's almost always
 		// are (criu.ServiceCgroupsFor); criu.Restore replaces a worker that guessed wrong.
-		// Moved once the source is thawed: a move holds the cgroup locks through an RCU
-		// grace period, and beside the frozen source's dump it lengthened the pause
-		// (bench/README.md, repeat path); after the dump it overlaps the rewrite.
+		// Moved once criu's dump has returned (the source is thawed): a move holds
+		// cgroup_mutex and the threadgroup rwsem that fork waits for through an RCU grace
+		// period, and beside the frozen source's dump it lengthened the pause
+		// (bench/README.md, repeat path). Not at post-dump either: the source is still
+		// frozen there, and on v2 criu thaws it by writing cgroup.freeze under
+		// cgroup_mutex. After the dump the move overlaps the rewrite.
 		w := o.Service.PrepareWorker(ctx, criu.ServiceCgroups{Join: cg.AllProcsFiles(), Ignore: true, After: e.thawed})
 		e.workers = append(e.workers, w)
 		e.ready[f.ID] = &prepared{cg: cg, worker: w}
