@@ -80,9 +80,6 @@ type DumpOptions struct {
 	// SmallPages: a swap's preallocated memory files stay in 4 KiB pages (see
 	// memfile.Options.SmallPages).
 	SmallPages bool
-	// HugePages: the preallocation waits for every huge page (--huge-pages); by default it
-	// makes them only while they come fast (memfile.HugeSlow).
-	HugePages bool
 	// ready, for a swap, makes the new source's cgroup and criu worker while the source
 	// runs (swapReady); Swap takes them. Undone here when no swap follows.
 	ready *swapReady
@@ -243,7 +240,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	var preTime time.Duration
 	if swap && c.Family == "" {
 		endPre := trace.Step(ctx, "preallocate the memory files' pages")
-		preBytes, preHuge, preTime = preallocTimed(cg, s, !o.SmallPages, o.HugePages)
+		preBytes, preHuge, preTime = preallocTimed(cg, s, !o.SmallPages)
 		endPre()
 		defer func() {
 			if retErr != nil {

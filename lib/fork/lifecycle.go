@@ -113,7 +113,7 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 	}
 	// Transient: GC drops the snapshot if this process dies.
 	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true,
-		SmallPages: o.HugePages != nil && !*o.HugePages, HugePages: o.HugePages != nil && *o.HugePages, ready: ready, Thawed: thawed})
+		SmallPages: o.HugePages != nil && !*o.HugePages, ready: ready, Thawed: thawed})
 	if o.early != nil {
 		o.early.dumped() // also when Dump failed before criu ran
 	}

@@ -23,13 +23,8 @@ import (
 // mapped everywhere) cannot make the host allocate more than the container already holds.
 // Best effort: whatever fails, the rewrite writes into fresh pages as without it. With
 // hugePages, dense 2 MiB stretches are huge pages. It returns the bytes allocated and the
-// huge pages among them. Unless hugeWait, huge pages are made only while they come fast
-// (memfile.HugeSlow).
-func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot, hugePages, hugeWait bool) (int64, int) {
-	slow := memfile.HugeSlow
-	if hugeWait {
-		slow = 0
-	}
+// huge pages among them.
+func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot, hugePages bool) (int64, int) {
 	st, err := cg.Stats()
 	if err != nil || st.Rss == 0 {
 		return 0, 0
@@ -56,7 +51,7 @@ func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot, hugePages, hugeWait bool)
 		if err != nil || pages == 0 {
 			continue
 		}
-		n, h, err := memfile.Preallocate(filepath.Join(s.FamilyDir, memfile.PreallocName(s.ID, nspid)), runs, hugePages, slow)
+		n, h, err := memfile.Preallocate(filepath.Join(s.FamilyDir, memfile.PreallocName(s.ID, nspid)), runs, hugePages)
 		total += n
 		huge += h
 		budget -= pages
@@ -81,9 +76,9 @@ func dropPrealloc(s *stage.Snapshot) {
 }
 
 // preallocTimed runs preallocate and records it in s's dump statistics.
-func preallocTimed(cg *cgroup.Cgroup, s *stage.Snapshot, huge, hugeWait bool) (int64, int, time.Duration) {
+func preallocTimed(cg *cgroup.Cgroup, s *stage.Snapshot, huge bool) (int64, int, time.Duration) {
 	t := time.Now()
-	n, made := preallocate(cg, s, huge, hugeWait)
+	n, made := preallocate(cg, s, huge)
 	return n, made, time.Since(t)
 }
 

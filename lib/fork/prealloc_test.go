@@ -21,14 +21,6 @@ import (
 // page, present in its page tables): that must not be allocated, and the whole stays
 // under the anonymous memory its cgroup is charged for.
 func TestFirstSwapWritesIntoPreallocatedPages(t *testing.T) {
-	for _, huge := range []bool{false, true} {
-		t.Run(map[bool]string{false: "default", true: "huge-pages"}[huge], func(t *testing.T) {
-			firstSwapWritesIntoPreallocatedPages(t, huge)
-		})
-	}
-}
-
-func firstSwapWritesIntoPreallocatedPages(t *testing.T, huge bool) {
 	rt := testutil.NewRuntime(t)
 	prog := `
 import os, mmap, time, hashlib
@@ -55,15 +47,7 @@ while True:
 	if err != nil {
 		t.Fatal(err)
 	}
-	// --huge-pages: the preallocation waits for every huge page. By default it stops once
-	// they come slowly (memfile.HugeSlow: on this VM the balloon makes fresh huge pages
-	// cost host faults; TestPreallocateStopsWaitingForSlowHugePages): the default is
-	// checked for everything but how many huge pages it made.
-	o := fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}}
-	if huge {
-		o.HugePages = &huge
-	}
-	forks, s, err := fork.Fork(ctx, rt, src, o)
+	forks, s, err := fork.Fork(ctx, rt, src, fork.Options{RestoreOptions: fork.RestoreOptions{N: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +59,7 @@ while True:
 	}
 	t.Logf("preallocated %d MB (%d huge pages), group anonymous memory %d MB, family %d MB", s.Dump.PreallocBytes>>20, s.Dump.PreallocHugePages, st.Rss>>20, fork.FamilyBytes(s.Family)>>20)
 	// The 64 MiB heap and the 8 MiB of zeros: 36 stretches, less the heap's ends.
-	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled"); err == nil && huge && s.Dump.PreallocHugePages < 32 {
+	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled"); err == nil && s.Dump.PreallocHugePages < 32 {
 		t.Errorf("%d huge pages preallocated, want the heap's dense 2 MiB stretches", s.Dump.PreallocHugePages)
 	}
 	// CRIU 4.1 (a distribution's, the v2 guest's) dumps into pages images as ever.
@@ -113,7 +97,7 @@ while True:
 		// The heap's dense 2 MiB stretches were preallocated as huge pages: wherever the
 		// kernel has huge tmpfs pages, the source and the fork, both reading their heap
 		// every 0.2 s, map it without page tables.
-		if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled"); err == nil && huge {
+		if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled"); err == nil {
 			kb := rollupKB(t, rec.Pid, "ShmemPmdMapped:")
 			if kb < 48<<10 {
 				t.Errorf("%s maps %d kB of tmpfs files in huge pages, want most of its 64 MB heap", c, kb)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"sort"
 	"sync"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -80,22 +79,10 @@ func mergeRuns(rs []PreallocRun) []PreallocRun {
 // makeHuge makes each of the empty 2 MiB stretches of fd at offs (2 MiB-aligned,
 // ascending) one zeroed huge page and returns the stretches that became one; the others
 // stay empty.
-// With slow > 0 it stops making them once they have cost more than slow of wall time
-// each on average (HugeSlow): the stretches left are the caller's to allocate in small
-// pages.
-func makeHuge(fd int, offs []int64, slow time.Duration) map[int64]bool {
+func makeHuge(fd int, offs []int64) map[int64]bool {
 	h := startHuge(context.Background(), fd, offs)
-	h.slow = slow
 	return h.finish()
 }
-
-// HugeSlow is the wall time per 2 MiB stretch above which a swap's preallocation stops
-// making huge pages and allocates the rest in small pages (~0.5-1.1 ms per 2 MiB either way
-// when the kernel has free memory at hand). On a VM whose balloon reports free memory to
-// the host (virtio free page reporting, 2 MiB blocks), a fresh huge page costs the host's
-// faults: 256 MiB took 0.9-1.6 s here against ~0.1 s in small pages, all of it in the
-// first fork's time. Explicit --huge-pages waits for them.
-const HugeSlow = 2 * time.Millisecond
 
 // hugeMaker makes empty 2 MiB stretches of a file huge pages on makeHugeWorkers
 // goroutines, in ascending order, while its caller writes the file (fillOne), stretch by
@@ -110,28 +97,13 @@ type hugeMaker struct {
 	mu      sync.Mutex
 	made    map[int64]bool
 	wg      sync.WaitGroup
-	// slow > 0: once the batches have taken longer than slow per stretch tried (wall time
-	// since start), the ones not started are left as they are (makeHuge).
-	slow  time.Duration
-	start time.Time
-	tried int64 // stretches of the batches finished, under mu
-}
-
-// tooSlow reports whether huge pages have come too slowly to go on (slow).
-func (h *hugeMaker) tooSlow() bool {
-	if h.slow <= 0 {
-		return false
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.tried > 0 && time.Since(h.start) > time.Duration(h.tried)*h.slow
 }
 
 // startHuge starts making the stretches at offs (2 MiB-aligned, ascending, empty) huge
 // pages of fd; finish must be called before fd is closed. A cancelled ctx leaves the
 // batches not yet started as they are.
 func startHuge(ctx context.Context, fd int, offs []int64) *hugeMaker {
-	h := &hugeMaker{fd: fd, batchOf: map[int64]int{}, made: map[int64]bool{}, start: time.Now()}
+	h := &hugeMaker{fd: fd, batchOf: map[int64]int{}, made: map[int64]bool{}}
 	// Runs of adjacent stretches: one madvise call per run (each call drains every CPU's
 	// LRU cache once, waiting for each CPU), makeHugeWorkers calls at once (zeroing is
 	// most of the time, and one CPU's worth of it leaves the other for the writer, or
@@ -159,7 +131,7 @@ func startHuge(ctx context.Context, fd int, offs []int64) *hugeMaker {
 		go func() {
 			defer h.wg.Done()
 			for i := range work {
-				if ctx.Err() == nil && !h.tooSlow() {
+				if ctx.Err() == nil {
 					h.makeBatch(h.batches[i])
 				}
 				close(h.done[i])
@@ -207,7 +179,6 @@ func (h *hugeMaker) makeBatch(run []int64) {
 	for _, b := range made {
 		h.made[b] = true
 	}
-	h.tried += int64(len(run))
 	h.mu.Unlock()
 }
 

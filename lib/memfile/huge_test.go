@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
@@ -150,7 +149,7 @@ func TestPreallocateMakesDenseStretchesHuge(t *testing.T) {
 	}
 	_, thp := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 	path := filepath.Join(shmDir(t), "p.mem")
-	n, made, err := Preallocate(path, runs, true, 0)
+	n, made, err := Preallocate(path, runs, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,44 +230,4 @@ func allocated(t *testing.T, path string) int64 {
 		t.Fatal(err)
 	}
 	return st.Blocks * 512
-}
-
-// A preallocation whose huge pages come too slowly (hugeSlow, here any wait at all) stops
-// making them after the first batches and allocates the rest of every run in small pages:
-// the same bytes end up allocated, and they read as zeros. Without the bound (0) every
-// dense stretch becomes a huge page where the kernel has them.
-func TestPreallocateStopsWaitingForSlowHugePages(t *testing.T) {
-	const stretches = 12
-	at := uint64(base)
-	runs := []PreallocRun{{at, at + stretches*uint64(hugeAlign)}}
-	want := int64(stretches) * hugeAlign
-	_, thp := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
-	for _, c := range []struct {
-		name string
-		slow time.Duration
-	}{{"bounded", time.Nanosecond}, {"unbounded", 0}} {
-		path := filepath.Join(shmDir(t), c.name+".mem")
-		n, made, err := Preallocate(path, runs, true, c.slow)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n != want || allocated(t, path) != want {
-			t.Errorf("%s: %d bytes allocated (%d on tmpfs), want %d", c.name, n, allocated(t, path), want)
-		}
-		switch {
-		case thp != nil:
-			t.Logf("no huge tmpfs pages here: %d made", made)
-		case c.slow > 0 && made > makeHugeWorkers:
-			// Each worker may finish the batch it started (one stretch each) before it
-			// sees the bound.
-			t.Errorf("%s: %d huge pages made, want at most %d (the first batches)", c.name, made, makeHugeWorkers)
-		case c.slow == 0 && made != stretches:
-			t.Errorf("%s: %d huge pages made, want %d", c.name, made, stretches)
-		}
-		for _, p := range []uint64{0, 700, stretches*512 - 1} {
-			if !bytes.Equal(readPage(t, path, at/ps+p), page(0)) {
-				t.Errorf("%s: page %d does not read as zeros", c.name, p)
-			}
-		}
-	}
 }

@@ -51,7 +51,7 @@ func TestPageServer(t *testing.T) {
 		}
 	}
 	// Process 5's file was preallocated; process 6's is made by the server.
-	if _, _, err := Preallocate(filepath.Join(fam, PreallocName("s1", 5)), []PreallocRun{{base, base + 4*ps}}, true, 0); err != nil {
+	if _, _, err := Preallocate(filepath.Join(fam, PreallocName("s1", 5)), []PreallocRun{{base, base + 4*ps}}, true); err != nil {
 		t.Fatal(err)
 	}
 	srv, err := StartPageServer(img, fam, "s1")

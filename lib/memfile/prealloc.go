@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -173,8 +172,8 @@ func ParsePreallocName(prefix, name string) (uint32, bool) {
 // rest, and any stretch the kernel cannot make huge, is allocated in small pages. A full
 // tmpfs ends it early without an error: the pages not allocated are written into fresh
 // pages by the rewrite, as without it. It returns the bytes allocated and the huge pages
-// made. hugeSlow > 0 bounds the wait for huge pages (makeHuge, HugeSlow).
-func Preallocate(path string, runs []PreallocRun, huge bool, hugeSlow time.Duration) (int64, int, error) {
+// made.
+func Preallocate(path string, runs []PreallocRun, huge bool) (int64, int, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o400)
 	if err != nil {
 		return 0, 0, fmt.Errorf("preallocate memory file: %w", err)
@@ -194,7 +193,7 @@ func Preallocate(path string, runs []PreallocRun, huge bool, hugeSlow time.Durat
 	var n int64
 	made := map[int64]bool{}
 	if huge {
-		made = makeHuge(fd, denseStretches(valid), hugeSlow)
+		made = makeHuge(fd, denseStretches(valid))
 	}
 	n += int64(len(made)) * hugeAlign
 	for _, r := range valid {
@@ -210,6 +209,13 @@ func Preallocate(path string, runs []PreallocRun, huge bool, hugeSlow time.Durat
 				return n, len(made), nil
 			}
 			if err != nil {
+				return n, len(made), fmt.Errorf("preallocate memory file %s at %#x: %w", filepath.Base(path), at, err)
+			}
+			// fallocate leaves small tmpfs pages untouched: the dump's writes would pay
+			// their first touch (on this VM the host's faults; docs/how-it-works.md
+			// section 11) while the source is frozen. Zeros written now pay it here, while
+			// it runs; the file reads as before.
+			if err := writeZeros(fd, int64(at), int64(end-at)); err != nil {
 				return n, len(made), fmt.Errorf("preallocate memory file %s at %#x: %w", filepath.Base(path), at, err)
 			}
 			n += int64(end - at)
