@@ -235,7 +235,12 @@ func (o *DumpOptions) criuOpts(checkpointFd, workFd int) (*rpc.CriuOpts, error) 
 		// A file open under a name that was since removed while other links remain gets a
 		// temporary link in the tree's own file system, so it is restored (the frozen upper
 		// layer is copied after CRIU made it).
-		LinkRemap:         proto.Bool(true),
+		LinkRemap: proto.Bool(true),
+		// A listener's connections that no accept() took yet are left out: CRIU refuses
+		// the whole tree otherwise ("In-flight connection"), and a busy server always has
+		// some. A restored copy loses them as a dropped handshake would (their clients
+		// are reset); the running source keeps them (fork.Dump copies rather than swaps).
+		TcpSkipInFlight:   proto.Bool(true),
 		GhostLimit:        proto.Uint32(DefaultGhostLimit),
 		LogFile:           proto.String(orDefault(o.LogFile, "dump.log")),
 		LogLevel:          proto.Int32(int32(logLevel(o.LogLevel))),

@@ -29,7 +29,7 @@ func TestDumpOptsTranslation(t *testing.T) {
 	if opts.GetImagesDirFd() != 7 || opts.GetWorkDirFd() != 8 || opts.GetPid() != 42 {
 		t.Errorf("fds/pid: %v", opts)
 	}
-	if !opts.GetLeaveRunning() || opts.GetShellJob() || opts.GetTcpEstablished() || !opts.GetNotifyScripts() {
+	if !opts.GetLeaveRunning() || opts.GetShellJob() || opts.GetTcpEstablished() || !opts.GetNotifyScripts() || !opts.GetTcpSkipInFlight() {
 		t.Errorf("flags: %v", opts)
 	}
 	if opts.GetFreezeCgroup() != o.FreezeCgroup || opts.GetGhostLimit() != 4096 {

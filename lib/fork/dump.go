@@ -110,6 +110,14 @@ func swapCannotCarry(cg *cgroup.Cgroup, c *store.Container) bool {
 		// source itself. A copy leaves the source as it is.
 		return true
 	}
+	if c.Net == container.NetNone || c.Net == container.NetBridge {
+		if _, queued := tcpSockets(c.Pid); queued {
+			// CRIU leaves out a listener's connections no accept() took yet (see
+			// criu.DumpOptions): a swap restores the source without them, and their
+			// clients would be reset. A copy leaves the source's queue alone.
+			return true
+		}
+	}
 	// A restore changes what these observe: fanotify marks come back other than they
 	// were (zdtm fanotify00 fails in a plain CRIU copy too). A swap would do that to the
 	// source; a copy does not.
@@ -442,8 +450,15 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 // connected state (/proc/PID/net/tcp{,6}: anything but LISTEN, CLOSE and TIME_WAIT, which
 // no process owns).
 func tcpConnected(pid int) bool {
+	connected, _ := tcpSockets(pid)
+	return connected
+}
+
+// tcpSockets reports whether the network namespace of pid holds a TCP socket in a
+// connected state, and whether a listener there holds connections no accept() took yet.
+func tcpSockets(pid int) (connected, queued bool) {
 	if !network.TCPInUse(fmt.Sprintf("/proc/%d/net", pid)) {
-		return false // no TCP socket at all: no walk of the host's connection table
+		return false, false // no TCP socket at all: no walk of the host's connection table
 	}
 	for _, f := range []string{"tcp", "tcp6"} {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, f))
@@ -451,14 +466,24 @@ func tcpConnected(pid int) bool {
 			continue
 		}
 		for _, line := range strings.Split(string(b), "\n")[1:] {
-			// "  0: 0100007F:22B0 0100007F:A1C4 01 ...": the fourth field is the state.
+			// "  0: 0100007F:22B0 0100007F:A1C4 01 00000000:00000000 ...": the fourth
+			// field is the state, the fifth tx:rx queue, a listener's rx its accept queue.
 			fs := strings.Fields(line)
-			if len(fs) > 3 && fs[3] != "0A" && fs[3] != "07" && fs[3] != "06" {
-				return true
+			if len(fs) < 5 {
+				continue
+			}
+			switch fs[3] {
+			case "0A":
+				if _, rx, ok := strings.Cut(fs[4], ":"); ok && strings.Trim(rx, "0") != "" {
+					queued = true
+				}
+			case "07", "06":
+			default:
+				connected = true
 			}
 		}
 	}
-	return false
+	return connected, queued
 }
 
 // singleProcess reports whether the group holds one process (threads aside).

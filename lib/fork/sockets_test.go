@@ -226,3 +226,42 @@ func mssOf(t *testing.T, c *store.Container, after int) [2]int {
 	t.Fatalf("%s printed no heartbeat after line %d: %q", c.ID, after, l)
 	return [2]int{}
 }
+
+// A server with a connection in its listen queue (connected, not accepted yet: any busy
+// server has some) forks; CRIU refused the whole dump ("In-flight connection"). The fork
+// goes without the queued connection (CRIU leaves it out) and accepts new ones; the source
+// is copied, not swapped, so its queued connection is still there to accept.
+func TestForkServerWithQueuedConnection(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import itertools, os, socket, time
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 9200)); srv.listen(8)
+queued = socket.create_connection(("127.0.0.1", 9200))  # nobody accepts it until /tmp/go
+srv.setblocking(False)
+for i in itertools.count():
+    if os.path.exists("/tmp/go"):
+        n = 0
+        try:
+            while True: srv.accept(); n += 1
+        except BlockingIOError: pass
+        srv.setblocking(True)
+        c = socket.create_connection(("127.0.0.1", 9200)); a, _ = srv.accept(); c.sendall(b"hi")
+        print("accepted", n, "queued, then", a.recv(2).decode(), flush=True)
+        break
+    print(i, flush=True); time.sleep(0.1)
+time.sleep(3600)
+`
+	src := create(t, rt, "queued", "python3", "-c", py)
+	testutil.Eventually(t, 10*time.Second, "the server to listen", func() bool { return len(lines(src)) > 2 })
+	f := doFork(t, rt, src, 1)[0]
+	for _, c := range []struct {
+		c    *store.Container
+		want string
+	}{{f, "accepted 0 queued, then hi"}, {testutil.MustGet(t, rt, src.ID), "accepted 1 queued, then hi"}} {
+		execOut(t, rt, c.c, "touch", "/tmp/go")
+		testutil.Eventually(t, 10*time.Second, c.c.ID+" to accept", func() bool { return strings.HasPrefix(lastLine(c.c), "accepted") })
+		if got := lastLine(c.c); got != c.want {
+			t.Errorf("%s: %q, want %q", c.c.ID, got, c.want)
+		}
+	}
+}
