@@ -201,6 +201,33 @@ print("ready", flush=True)
 	}
 }
 
+// A hostname the workload set itself (privileged: it may) is its own, and a fork keeps
+// it rather than getting its id; the fork's record names it (zdtm utsname failed in every
+// fork and plain copy). One LazyFork gave is replaced by the fork's id, as ever
+// (TestForksHaveOwnPidNamespaceAndHostname).
+func TestForkKeepsHostnameTheWorkloadSet(t *testing.T) {
+	rt := testutil.NewRuntime(t)
+	const py = `import itertools, socket, time
+socket.sethostname("db.example")
+for i in itertools.count():
+    print(i, socket.gethostname(), flush=True)
+    time.sleep(0.1)
+`
+	src, err := rt.Create(ctx, container.CreateOptions{Image: testutil.DefaultImage, Name: "uts", Privileged: true, Command: []string{"python3", "-c", py}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "the hostname to be set", func() bool { return strings.HasSuffix(lastLine(src), " db.example") })
+	for _, f := range doFork(t, rt, src, 2) {
+		if h := execOut(t, rt, f, "hostname"); h != "db.example" || f.Hostname != "db.example" {
+			t.Errorf("fork %s: hostname %q, record %q; want the workload's db.example", f.ID, h, f.Hostname)
+		}
+	}
+	if h := execOut(t, rt, testutil.MustGet(t, rt, src.ID), "hostname"); h != "db.example" {
+		t.Errorf("source after the fork: hostname %q", h)
+	}
+}
+
 func TestForksHaveOwnPidNamespaceAndHostname(t *testing.T) {
 	rt := testutil.NewRuntime(t)
 	src := create(t, rt, "", "python3", "-c", counterPy)

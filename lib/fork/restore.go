@@ -488,9 +488,15 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 					}
 				}
 				// CRIU restores the source's UTS namespace; rename it before the tasks
-				// resume so the workload never sees its parent's hostname.
+				// resume so the workload never sees its parent's hostname. A hostname the
+				// workload set itself (a privileged one can) is its own: it stays, and
+				// the fork's record says so (zdtm utsname).
 				if rename {
-					return setHostname(pid, c.Hostname)
+					kept, err := renameHost(pid, s.Source.ID, c.Hostname)
+					if kept != "" {
+						c.Hostname = kept
+					}
+					return err
 				}
 			}
 			return nil
@@ -521,11 +527,24 @@ func addrOnly(cidr string) string {
 	return ""
 }
 
-// setHostname sets the hostname of pid's UTS namespace from a locked OS thread that is
-// thrown away afterwards (it keeps the foreign namespace).
-func setHostname(pid int, name string) error {
-	if err := nsthread.RunPid(pid, "uts", unix.CLONE_NEWUTS, func() error { return unix.Sethostname([]byte(name)) }); err != nil {
-		return fmt.Errorf("set hostname of %d: %w", pid, err)
+// renameHost sets the hostname of pid's UTS namespace to name if it is still given, the
+// one LazyFork gave the source (its id); else it returns the hostname the workload set,
+// left as it is. It runs on a locked OS thread that is thrown away afterwards (it keeps
+// the foreign namespace).
+func renameHost(pid int, given, name string) (kept string, err error) {
+	err = nsthread.RunPid(pid, "uts", unix.CLONE_NEWUTS, func() error {
+		var u unix.Utsname
+		if err := unix.Uname(&u); err != nil {
+			return err
+		}
+		if cur := unix.ByteSliceToString(u.Nodename[:]); given != "" && cur != given {
+			kept = cur
+			return nil
+		}
+		return unix.Sethostname([]byte(name))
+	})
+	if err != nil {
+		return "", fmt.Errorf("set hostname of %d: %w", pid, err)
 	}
-	return nil
+	return kept, nil
 }
