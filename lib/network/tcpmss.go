@@ -19,9 +19,9 @@ import (
 // Why: CRIU restores a connection by connect() in repair mode, when the kernel computes
 // the segment size from the 536-byte default (524 with timestamps: IPv4's minimum), and
 // only afterwards sets the dumped MSS clamp (TCP_REPAIR_OPTIONS), which does not compute
-// it again. Every restored connection then sends 524-byte segments for good: on loopback a
-// hundred times the packets, and each small segment costs the receiver ~2 KiB of buffer.
-// On Linux >= 6.17 a receiver drops in-window data that does not fit its buffer and closes
+// it again. Every restored connection then sends 524-byte segments for good (on loopback a
+// hundred times the packets, each charged to the receiver's buffer with its overhead).
+// With both queues full the receiver overflowed its buffer. On Linux >= 6.17 a receiver drops in-window data that does not fit its buffer and closes
 // its window to zero with the sender's last segment out beyond it; the sender's window
 // updates then carry a sequence number beyond that zero window and are dropped too. Two
 // programs that wait for each other (zdtm socket-tcpbuf: both queues full, a heartbeat on
