@@ -167,6 +167,13 @@ func swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *sta
 		defer unlock()
 		var errs []error
 		endKill := trace.Step(ctx, "swap: kill the old processes")
+		// A dying process frees its memory itself (its whole heap here): at the lowest
+		// priority, beside the forks' restore, which wants the CPUs.
+		if pids, err := oldCg.Procs(); err == nil {
+			for _, pid := range pids {
+				_ = unix.Setpriority(unix.PRIO_PROCESS, pid, 19)
+			}
+		}
 		errs = append(errs, oldCg.Kill())
 		endKill()
 		endRm := trace.Step(ctx, "swap: remove the old cgroup")
