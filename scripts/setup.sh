@@ -29,8 +29,9 @@ install_pkgs() { # packages from the host's own release, no Recommends, nothing 
 }
 
 # iptables: CRIU runs iptables-restore when it restores a network namespace (every
-# container has its own by default).
-install_pkgs debootstrap python3 busybox-static util-linux procps iptables
+# container has its own by default). jq: docs/how-it-works.md's walkthrough (run by its
+# test) reads the stages' JSON with it.
+install_pkgs debootstrap python3 busybox-static util-linux procps iptables jq
 
 # The CRIU version this kernel needs.
 kver=$(uname -r | grep -oE '^[0-9]+\.[0-9]+')

@@ -58,9 +58,10 @@ vm_timeout=${LF_V2_TIMEOUT:-7200}
 pkg_timeout=${LF_V2_PKG_TIMEOUT:-3000}
 # What the guest root carries: CRIU from Debian, what the tests exec (python3 with pip for
 # the SDK test, gcc for a hostile-library test, unshare/timeout/tar), kmod for overlay,
-# iptables (CRIU runs iptables-restore when it restores a network namespace).
-root_pkgs=criu,python3,python3-pip,gcc,libc6-dev,kmod,iproute2,iptables,procps,psmisc,busybox-static
-root_rev=1 # bump when the root's recipe changes
+# iptables (CRIU runs iptables-restore when it restores a network namespace), jq (the
+# how-it-works walkthrough).
+root_pkgs=criu,python3,python3-pip,gcc,libc6-dev,kmod,iproute2,iptables,procps,psmisc,busybox-static,jq
+root_rev=2 # bump when the root's recipe changes
 
 log() { echo "test-v2: $*" >&2; }
 now() { date +%s.%N; }
