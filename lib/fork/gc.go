@@ -126,6 +126,7 @@ func gc(ctx context.Context, rt *container.Runtime, wait time.Duration) error {
 	for _, c := range abandoned {
 		errs = append(errs, rt.Delete(c))
 	}
+	var parents []string
 	for _, s := range drop {
 		if c := live[s.Source.ID]; s.Swap && c != nil {
 			// A swap whose process died: give the source back or finish ending the old one.
@@ -138,7 +139,10 @@ func gc(ctx context.Context, rt *container.Runtime, wait time.Duration) error {
 			// left, under the runtime's parent or, for a tree member, its tree's. Or a dump
 			// for a swap that died before it recorded the swap: the new source's group,
 			// made while the source ran (swapReady), may be left.
-			for _, parent := range groupParents(rt) {
+			if parents == nil {
+				parents = groupParents(rt) // read once per GC: it reads every tree's document
+			}
+			for _, parent := range parents {
 				errs = append(errs, endGroupNamed(parent, s.Source.ID+"-"+s.ID))
 			}
 		}
