@@ -12,12 +12,11 @@ step. A measurement, never a target: run it alone (`flock /tmp/lazyfork-bench.lo
 """
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from trace_repeat import AGENT, IMAGE, PREFIX, Build, pauses, spans  # bench/ is this script's directory
+from trace_repeat import AGENT, IMAGE, PREFIX, Build, pauses, print_medians, spans  # bench/ is this script's directory
 
 
 def wait_heap(b, src, heap):
@@ -79,20 +78,7 @@ def main():
                     made.remove((b, x))
         print(f"# {a.k} first forks + exec of a {a.heap} MiB agent per build, medians in ms", file=sys.stderr)
         keys = ["fork + exec", "fork command", "exec command", "source paused"]
-        if a.steps:
-            seen = []
-            for b in builds:
-                for row in b.rows:
-                    seen += [k for k in row if k not in keys and k not in seen]
-            keys += seen
-        width = max(len(k) for k in keys)
-        print(f"{'':{width}}  " + "  ".join(f"{b.label[-24:]:>24}" for b in builds))
-        for k in keys:
-            cells = []
-            for b in builds:
-                vals = [row[k] for row in b.rows if k in row]
-                cells.append(f"{statistics.median(vals):24.1f}" if vals else f"{'-':>24}")
-            print(f"{k:{width}}  " + "  ".join(cells))
+        print_medians(builds, keys, a.steps, lambda label: label[-24:])
     finally:
         for b, x in reversed(made):
             b.lf("delete", x, check=False)

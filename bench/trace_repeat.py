@@ -100,6 +100,24 @@ def pauses(b, src):
     return parse_pauses(b.lf("exec", src, "--", "cat", "/tmp/lf-pauses", check=False).stdout)
 
 
+def print_medians(builds, keys, steps, short):
+    """Prints one row per step (keys first, then with steps every other traced step) and one
+    column per build: the median of its rounds, in ms. short(label) names a column."""
+    keys = list(keys)
+    if steps:
+        for b in builds:
+            for row in b.rows:
+                keys += [k for k in row if k not in keys]
+    width = max(len(k) for k in keys)
+    print(f"{'':{width}}  " + "  ".join(f"{short(b.label):>24}" for b in builds))
+    for k in keys:
+        cells = []
+        for b in builds:
+            vals = [row[k] for row in b.rows if k in row]
+            cells.append(f"{statistics.median(vals):24.1f}" if vals else f"{'-':>24}")
+        print(f"{k:{width}}  " + "  ".join(cells))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", action="append", required=True, help="a build's bin directory (repeat to compare)")
@@ -164,20 +182,7 @@ def main():
         print(f"# {a.k} repeat forks + exec of a {a.heap} MiB agent per build, medians in ms", file=sys.stderr)
         keys = ["fork + exec", "fork command", "exec command", "fork command outside main", "exec command outside main",
                 "source paused"]
-        if a.steps:
-            seen = []
-            for b in builds:
-                for row in b.rows:
-                    seen += [k for k in row if k not in keys and k not in seen]
-            keys += seen
-        width = max(len(k) for k in keys)
-        print(f"{'':{width}}  " + "  ".join(f"{b.label[:24]:>24}" for b in builds))
-        for k in keys:
-            cells = []
-            for b in builds:
-                vals = [row[k] for row in b.rows if k in row]
-                cells.append(f"{statistics.median(vals):24.1f}" if vals else f"{'-':>24}")
-            print(f"{k:{width}}  " + "  ".join(cells))
+        print_medians(builds, keys, a.steps, lambda label: label[:24])
     finally:
         for b, fid in made:
             b.lf("delete", fid, check=False)
