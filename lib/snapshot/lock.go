@@ -94,7 +94,7 @@ func Scan() (snaps []*stage.Snapshot, leftovers []string, err error) {
 			leftovers = append(leftovers, dir)
 			continue
 		}
-		if sub, err := os.ReadDir(dir); err == nil && len(sub) == 0 && e.IsDir() {
+		if sub, err := os.ReadDir(dir); err == nil && e.IsDir() && neverWritten(sub) {
 			leftovers = append(leftovers, dir)
 			continue
 		}
@@ -106,4 +106,19 @@ func Scan() (snaps []*stage.Snapshot, leftovers []string, err error) {
 	}
 	sort.Slice(snaps, func(i, j int) bool { return snaps[i].Created.Before(snaps[j].Created) })
 	return snaps, leftovers, nil
+}
+
+// neverWritten reports whether a snapshot directory's entries show that its record was
+// never written: nothing at all, or only the temporary files of snapshot.json's first
+// atomic write (renameio names them ".snapshot.json<digits>"), which a process killed
+// before the rename leaves. The record is written before anything it references, so such
+// a directory holds nothing else; any other entry keeps it a snapshot (or an error).
+func neverWritten(entries []os.DirEntry) bool {
+	for _, e := range entries {
+		digits, ok := strings.CutPrefix(e.Name(), ".snapshot.json")
+		if !ok || digits == "" || !e.Type().IsRegular() || strings.Trim(digits, "0123456789") != "" {
+			return false
+		}
+	}
+	return true
 }
