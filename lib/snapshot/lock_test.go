@@ -52,9 +52,19 @@ func TestScanNeverWrittenRecordIsLeftover(t *testing.T) {
 		"s000000000003": {".snapshot.json123", "images/"},   // a dump's images: not only the temp file
 		"s000000000004": {".snapshot.jsonx1"},               // not renameio's name
 		"s000000000005": {"pages-1.img"},                    // a checkpoint without its record
-		"s000000000006": {".snapshot.json42", "stray.json"}, // anything else
+		"s000000000006": {".snapshot.json42", "stray.json"}, // anything else (then a symlink)
 	} {
 		dir := mk(name, files...)
+		// A symlink under the temporary file's name (planted to steer GC's removal) is
+		// no temporary file.
+		if name == "s000000000006" {
+			if err := os.Symlink("/etc", filepath.Join(dir, ".snapshot.json7")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(filepath.Join(dir, "stray.json")); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if _, _, err := Scan(); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%v in a snapshot directory: scan error %v, want one naming %s", files, err, name)
 		}
