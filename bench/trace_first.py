@@ -14,9 +14,8 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-from trace_repeat import AGENT, IMAGE, PREFIX, Build, pauses, print_medians, spans  # bench/ is this script's directory
+from trace_repeat import AGENT, IMAGE, PREFIX, Build, fork_exec, pauses, print_medians, spans  # bench/ is this script's directory
 
 
 def wait_heap(b, src, heap):
@@ -53,18 +52,8 @@ def main():
                 made.append((b, src))
                 wait_heap(b, src, a.heap)
                 time.sleep(1.2)
-                w0, t = time.time(), time.monotonic()
-                pf = b.lf(*b.trace, "fork", src, "--name", f"{PREFIX}-{r}-{tag}", "--json", *a.fork_arg)
-                t_fork, w1 = (time.monotonic() - t) * 1000, time.time()
-                fid = json.loads(pf.stdout.splitlines()[0])["id"]
-                made.append((b, fid))
-                t = time.monotonic()
-                pe = b.lf(*b.trace, "exec", fid, "--", "hostname")
-                t_exec = (time.monotonic() - t) * 1000
-                if a.raw:
-                    Path(a.raw).mkdir(parents=True, exist_ok=True)
-                    for what, p in (("fork", pf), ("exec", pe)):
-                        (Path(a.raw) / f"{r}-{tag}-{what}.txt").write_text(p.stderr)
+                pf, pe, fid, t_fork, t_exec, w0, w1 = fork_exec(b, src, f"{PREFIX}-{r}-{tag}", a.fork_arg, made, a.raw,
+                                                                 f"{r}-{tag}")
                 gaps = pauses(b, src)
                 row = {"fork command": t_fork, "exec command": t_exec, "fork + exec": t_fork + t_exec,
                        "source paused": max([g for e, g in gaps if w0 <= e <= w1 + 0.05] or [0.0])}

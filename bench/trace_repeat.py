@@ -100,6 +100,26 @@ def pauses(b, src):
     return parse_pauses(b.lf("exec", src, "--", "cat", "/tmp/lf-pauses", check=False).stdout)
 
 
+def fork_exec(b, src, name, fork_args, made, raw, tag):
+    """Forks src through build b as name, then execs hostname in the fork, each command
+    timed. The fork joins made; with raw, both commands' stderr (their traces) are kept
+    there as <tag>-fork.txt and <tag>-exec.txt. Returns the two processes, the fork's id,
+    both times in ms and the wall clock around the fork command."""
+    w0, t = time.time(), time.monotonic()
+    pf = b.lf(*b.trace, "fork", src, "--name", name, "--json", *fork_args)
+    t_fork, w1 = (time.monotonic() - t) * 1000, time.time()
+    fid = json.loads(pf.stdout.splitlines()[0])["id"]
+    made.append((b, fid))
+    t = time.monotonic()
+    pe = b.lf(*b.trace, "exec", fid, "--", "hostname")
+    t_exec = (time.monotonic() - t) * 1000
+    if raw:
+        Path(raw).mkdir(parents=True, exist_ok=True)
+        for what, p in (("fork", pf), ("exec", pe)):
+            (Path(raw) / f"{tag}-{what}.txt").write_text(p.stderr)
+    return pf, pe, fid, t_fork, t_exec, w0, w1
+
+
 def print_medians(builds, keys, steps, short):
     """Prints one row per step (keys first, then with steps every other traced step) and one
     column per build: the median of its rounds, in ms. short(label) names a column."""
@@ -150,20 +170,7 @@ def main():
         for r in range(a.k):
             for b in builds:
                 name = f"{PREFIX}-{r}-{b.sock.stem[-1]}"
-                w0 = time.time()
-                t = time.monotonic()
-                pf = b.lf(*b.trace, "fork", src, "--name", name, "--json")
-                t_fork = (time.monotonic() - t) * 1000
-                w1 = time.time()
-                fid = json.loads(pf.stdout.splitlines()[0])["id"]
-                made.append((b, fid))
-                t = time.monotonic()
-                pe = b.lf(*b.trace, "exec", fid, "--", "hostname")
-                t_exec = (time.monotonic() - t) * 1000
-                if a.raw:
-                    Path(a.raw).mkdir(parents=True, exist_ok=True)
-                    for what, p in (("fork", pf), ("exec", pe)):
-                        (Path(a.raw) / f"{r}-{b.sock.stem[-1]}-{what}.txt").write_text(p.stderr)
+                pf, pe, fid, t_fork, t_exec, w0, w1 = fork_exec(b, src, name, [], made, a.raw, f"{r}-{b.sock.stem[-1]}")
                 row = {"fork command": t_fork, "exec command": t_exec, "fork + exec": t_fork + t_exec}
                 # What the command's wall time holds besides its main: the binary's start
                 # (runtime, package inits), its exit and the spawn from here.
