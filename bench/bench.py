@@ -52,6 +52,33 @@ SMOKE = dict(
 SECTIONS = ("core", "tree", "idle", "confine", "net", "repeat", "scale", "share", "budget")
 
 
+def parse_builds(prog, flag, specs, need, with_args=False):
+    """--bin/--mode NAME=DIR[:ARG,ARG] of a side-by-side script, as (name, dir[, args])."""
+    builds = []
+    for spec in specs:
+        name, _, rest = spec.partition("=")
+        d, _, args = rest.partition(":") if with_args else (rest, "", "")
+        if not name or not d or not (Path(d) / need).is_file():
+            form = "NAME=DIR[:ARGS]" if with_args else "NAME=DIR"
+            sys.exit(f"{prog}: {flag} {spec}: want {form} with DIR/{need}")
+        build = (name, Path(d).resolve())
+        builds.append(build + ([x for x in args.split(",") if x],) if with_args else build)
+    return builds
+
+
+def side_by_side_bench(prog, out, settle=None):
+    """The Bench a side-by-side script measures with: root, the builds under test run their
+    own stages (LAZYFORK_LOCAL), and a private tmp that cleanup removes (daemon logs)."""
+    if os.geteuid() != 0:
+        sys.exit(f"{prog}: must run as root")
+    os.environ["LAZYFORK_LOCAL"] = "1"
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    b = Bench(SMOKE if settle is None else dict(SMOKE, settle=settle), out, False)
+    b.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return out, b
+
+
 class Interrupted(BaseException):  # not swallowed by "except Exception"
     pass
 

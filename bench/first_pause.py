@@ -13,14 +13,13 @@ and writes first_pause.csv to --out. Run as root, under `flock /tmp/lazyfork-ben
 """
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402 - local module
-from bench import Bench, SMOKE, log, pct, write_csv  # noqa: E402
+from bench import log, pct, write_csv  # noqa: E402
 
 
 def main():
@@ -33,19 +32,8 @@ def main():
     ap.add_argument("--daemon", action="store_true",
                     help="fork through a `lazyfork daemon run` of the build (as the bench's repeat rows do)")
     a = ap.parse_args()
-    builds = []
-    for b in a.bin:
-        name, _, d = b.partition("=")
-        if not name or not d or not (Path(d) / "lazyfork").is_file():
-            sys.exit(f"first_pause: --bin {b}: want NAME=DIR with DIR/lazyfork")
-        builds.append((name, Path(d).resolve()))
-    if os.geteuid() != 0:
-        sys.exit("first_pause: must run as root")
-    os.environ["LAZYFORK_LOCAL"] = "1"  # the build under test runs the fork (or its own daemon)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    b = Bench(SMOKE, out, False)
-    b.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)  # the daemon's log; cleanup removes it
+    builds = bench.parse_builds("first_pause", "--bin", a.bin, "lazyfork")
+    out, b = bench.side_by_side_bench("first_pause", a.out)
     rows = []
     try:
         for r in range(a.runs):

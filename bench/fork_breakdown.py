@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402 - local module
-from bench import Bench, SMOKE, log, pct  # noqa: E402
+from bench import log, pct  # noqa: E402
 
 PMD = 2 << 20
 TRACING = Path("/sys/kernel/tracing")
@@ -222,20 +222,8 @@ def main():
     ap.add_argument("--trace", action="store_true", help="sum the memcg stat tracepoints over each fork's life")
     a = ap.parse_args()
     here = Path(__file__).resolve().parent.parent / "bin"
-    modes = []
-    for m in a.mode or [f"default={here}"]:
-        name, _, rest = m.partition("=")
-        d, _, args = rest.partition(":")
-        if not name or not d or not (Path(d) / "lf-memfile").is_file():
-            sys.exit(f"fork_breakdown: --mode {m}: want NAME=DIR[:ARGS] with DIR/lf-memfile")
-        modes.append((name, Path(d).resolve(), [x for x in args.split(",") if x]))
-    if os.geteuid() != 0:
-        sys.exit("fork_breakdown: must run as root")
-    os.environ["LAZYFORK_LOCAL"] = "1"
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    b = Bench(dict(SMOKE, settle=a.settle), out, False)
-    b.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    modes = bench.parse_builds("fork_breakdown", "--mode", a.mode or [f"default={here}"], "lf-memfile", with_args=True)
+    out, b = bench.side_by_side_bench("fork_breakdown", a.out, a.settle)
     res = []
     try:
         for r in range(a.runs):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402 - local module
-from bench import SHM, Bench, SMOKE, log, meminfo, pct, write_csv  # noqa: E402
+from bench import SHM, log, meminfo, pct, write_csv  # noqa: E402
 
 REPORTED = Path("/sys/module/page_reporting/parameters/reported_kib")
 
@@ -66,24 +66,12 @@ def main():
     ap.add_argument("--settle", type=float, default=5.0, help="s each fork runs before it is sampled")
     ap.add_argument("--out", default="/tmp/lazyfork-bench-only")
     a = ap.parse_args()
-    modes = []
-    for m in a.mode:
-        name, _, rest = m.partition("=")
-        d, _, args = rest.partition(":")
-        if not name or not d or not (Path(d) / "lf-memfile").is_file():
-            sys.exit(f"huge_pages: --mode {m}: want NAME=DIR[:ARGS] with DIR/lf-memfile")
-        modes.append((name, Path(d).resolve(), [x for x in args.split(",") if x]))
+    modes = bench.parse_builds("huge_pages", "--mode", a.mode, "lf-memfile", with_args=True)
     conds = [c for c in a.conditions.split(",") if c]
     if bad := [c for c in conds if c not in ("fresh", "idle")]:
         sys.exit(f"huge_pages: --conditions: unknown {bad}; the conditions are fresh, idle")
     ns = [int(x) for x in a.ns.split(",") if x]
-    if os.geteuid() != 0:
-        sys.exit("huge_pages: must run as root")
-    os.environ["LAZYFORK_LOCAL"] = "1"
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    b = Bench(dict(SMOKE, settle=a.settle), out, False)
-    b.tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    out, b = bench.side_by_side_bench("huge_pages", a.out, a.settle)
     rows = []
     try:
         for r in range(a.runs):
