@@ -123,6 +123,14 @@ say "# boot+setup $(awk -v a=$t0 -v b=$ti 'BEGIN{printf "%.1f", b-a}')s after in
 
 # 5. The tests, one package at a time (go test -p 1), each from its own directory.
 pass=0 fail=0 failed=
+# What a package leaves behind on the machine is a failure of its own.
+say_left() {
+	local left
+	left=$(awk '$5 ~ "^/(tmp|dev/shm|var/lib/lazyfork)/" {print $5}' /proc/self/mountinfo | head -5)
+	[ -z "$left" ] || say "# mounts left after $1: $left"
+	left=$(find $svc /sys/fs/cgroup/lazyfork ${CGROUP_PARENT:+/sys/fs/cgroup$CGROUP_PARENT} -mindepth 1 -type d 2>/dev/null | head -5 | tr '\n' ' ')
+	[ -z "$left" ] || say "# cgroups left after $1: $left"
+}
 for entry in $PKGS; do
 	pkg=${entry%%=*} rest=${entry#*=}
 	dir=${rest%%:*} bin=${rest#*:}
@@ -165,11 +173,7 @@ for entry in $PKGS; do
 		[ $rc = 124 ] && say "# killed: still running $((PKG_TIMEOUT + 60))s after it started (-test.timeout=${PKG_TIMEOUT}s did not end it)"
 		say "FAIL	$pkg	${el}s"
 	fi
-	# What a package leaves behind on the machine is a failure of its own.
-	left=$(awk '$5 ~ "^/(tmp|dev/shm|var/lib/lazyfork)/" {print $5}' /proc/self/mountinfo | head -5)
-	[ -n "$left" ] && say "# mounts left after $pkg: $left"
-	left=$(find $svc /sys/fs/cgroup/lazyfork ${CGROUP_PARENT:+/sys/fs/cgroup$CGROUP_PARENT} -mindepth 1 -type d 2>/dev/null | head -5 | tr '\n' ' ')
-	[ -n "$left" ] && say "# cgroups left after $pkg: $left"
+	say_left "$pkg"
 done
 # 6. The README demo (make demo's scripts/demo.sh) on the binaries under test: a counter
 #    container forked, frozen and thawed, then a 256 MiB heap forked $DEMO_N times beside
@@ -196,10 +200,7 @@ if [ "${DEMO:-1}" = 1 ]; then
 		tail -n 60 $log >$out
 		say "FAIL	demo (scripts/demo.sh, DEMO_N=${DEMO_N:-100})	${el}s"
 	fi
-	left=$(awk '$5 ~ "^/(tmp|dev/shm|var/lib/lazyfork)/" {print $5}' /proc/self/mountinfo | head -5)
-	[ -n "$left" ] && say "# mounts left after the demo: $left"
-	left=$(find $svc /sys/fs/cgroup/lazyfork ${CGROUP_PARENT:+/sys/fs/cgroup$CGROUP_PARENT} -mindepth 1 -type d 2>/dev/null | head -5 | tr '\n' ' ')
-	[ -n "$left" ] && say "# cgroups left after the demo: $left"
+	say_left "the demo"
 else
 	say "# demo not run (LF_V2_DEMO=0)"
 fi
