@@ -54,6 +54,9 @@ def main():
     plain_only = [r for r in ran if r["fork"] == "pass" and r["plain"] != "pass"]
     timeouts = [r for r in ran if "timeout" in (r["fork"], r["plain"], r["source"])]
     src_lost = [r for r in ran if r["source"] != "pass" and r["alone"] == "pass"]
+    # Fail with nothing dumped: the test's check is not about what a dump
+    # keeps (socket-tcp-close0 checks CRIU's --tcp-close), so no path can pass it here.
+    alone_fail = [r for r in ran if r["alone"] not in ("pass", "nostart", "-")]
 
     out = []
     p = out.append
@@ -94,6 +97,7 @@ def main():
     p("- pass in a fork but fail a plain CRIU copy: %d%s" % (len(plain_only), (" (" + ", ".join(r["test"] for r in plain_only) + ")") if plain_only else ""))
     p("- a step ran into its deadline: %d%s" % (len(timeouts), (" (" + ", ".join(r["test"] for r in timeouts) + ")") if timeouts else ""))
     p("- source failed after the fork where the test passes alone: %d%s" % (len(src_lost), (" (" + ", ".join(r["test"] for r in src_lost) + ")") if src_lost else ""))
+    p("- fail alone, with nothing dumped (the test, not a dump): %d%s" % (len(alone_fail), (" (" + ", ".join(r["test"] for r in alone_fail) + ")") if alone_fail else ""))
     p("")
     p("Values: pass; fail (the test's own check failed, its line is the cause); error (the fork, dump or")
     p("restore failed: the first CRIU error line); timeout; nostart (the test did not start in a plain")
