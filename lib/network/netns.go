@@ -35,9 +35,22 @@ func NewNetNS() (*NetNS, error) {
 	go func() {
 		defer close(n.done)
 		goruntime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		// Made from the nursery, the namespace gets a TCP hash table of its own (see
+		// ChildEhashEntries).
+		nursed, err := enterNursery()
+		if err != nil {
+			errc <- fmt.Errorf("new network namespace: %w", err)
+			return
+		}
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 			errc <- fmt.Errorf("new network namespace: %w", err)
 			return
+		}
+		if nursed {
+			if err := copyTCPLimits(); err != nil {
+				errc <- fmt.Errorf("new network namespace: %w", err)
+				return
+			}
 		}
 		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 		if err != nil {
