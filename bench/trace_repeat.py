@@ -5,7 +5,9 @@
 
 Starts one `lazyfork daemon run` per build (own socket, the same state roots), creates one
 source running bench/agent.py through the first build's daemon, forks it once (the swap),
-then for k rounds runs, for each build in turn, `lazyfork --trace fork SRC --name X --json`
+(with --own-source: one source per build, created and swapped by that build's daemon, for
+changes to what a swap gives the source, its network namespace among them), then for k
+rounds runs, for each build in turn, `lazyfork --trace fork SRC --name X --json`
 and `lazyfork --trace exec X -- hostname` through that build's daemon and deletes X. It
 prints, per build, the median wall time of both commands, of the source's pause (the agent's
 longest gap during the fork) and of every traced step (lib/trace; ids are folded). Every
@@ -32,6 +34,7 @@ PREFIX = f"trace-{os.getpid()}"
 IDS = re.compile(r"\b(s?[0-9a-f]{12})\b")
 LINE = re.compile(r"^\s*(-?[0-9.]+)\s+([0-9.]+)  (.*)$")
 ROUND = re.compile(r"\bX-[0-9]+-[0-9]+\b")  # a fork's name: X-round-build
+SRC = re.compile(r"\bX-src[0-9]+\b")  # a build's own source (--own-source)
 SINCE = re.compile(r"^\s*([0-9.]+)\s+\(since the recorder started\)")
 
 
@@ -58,7 +61,7 @@ def spans(stderr):
         m = LINE.match(line)
         if not m or m[3].startswith("("):
             continue
-        name = ROUND.sub("X", IDS.sub("ID", m[3].replace(PREFIX, "X")))
+        name = SRC.sub("X-src", ROUND.sub("X", IDS.sub("ID", m[3].replace(PREFIX, "X"))))
         out[name] = out.get(name, 0.0) + float(m[2])
     return out
 
@@ -145,30 +148,35 @@ def main():
     ap.add_argument("-k", type=int, default=8, help="rounds (one repeat fork + exec per build each)")
     ap.add_argument("--steps", action="store_true", help="also print every traced step's median")
     ap.add_argument("--raw", metavar="DIR", help="write each command's trace there")
+    ap.add_argument("--own-source", action="store_true", help="one source per build, swapped by that build")
     a = ap.parse_args()
     builds = [Build(i, d) for i, d in enumerate(a.bin)]
-    src, made = None, []
+    srcs, made = {}, []
     try:
         for b in builds:
             b.start()
         b0 = builds[0]
-        rec = json.loads(b0.lf("create", IMAGE, "--name", f"{PREFIX}-src", "--json", "--", "python3", "-c", AGENT,
-                               str(a.heap)).stdout)
-        src = rec["id"]
-        deadline = time.monotonic() + 120
-        while True:
-            info = next((r for r in json.loads(b0.lf("list", "--json").stdout or "[]") if r["id"] == src), {})
-            if info.get("memory_bytes", 0) >= a.heap * (1 << 20) * 0.97:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"source heap of {a.heap} MiB not resident after 120 s")
-            time.sleep(0.3)
+        for b in (builds if a.own_source else [b0]):
+            rec = json.loads(b.lf("create", IMAGE, "--name", f"{PREFIX}-src{b.sock.stem[-1]}", "--json", "--", "python3",
+                                  "-c", AGENT, str(a.heap)).stdout)
+            srcs[b] = rec["id"]
+        for b, src in srcs.items():
+            deadline = time.monotonic() + 120
+            while True:
+                info = next((r for r in json.loads(b.lf("list", "--json").stdout or "[]") if r["id"] == src), {})
+                if info.get("memory_bytes", 0) >= a.heap * (1 << 20) * 0.97:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"source heap of {a.heap} MiB not resident after 120 s")
+                time.sleep(0.3)
         time.sleep(1.2)
-        first = json.loads(b0.lf("fork", src, "--json").stdout.splitlines()[0])  # the swap
-        b0.lf("delete", first["id"])
+        for b, src in srcs.items():
+            first = json.loads(b.lf("fork", src, "--json").stdout.splitlines()[0])  # the swap
+            b.lf("delete", first["id"])
         spans_at = []
         for r in range(a.k):
             for b in builds:
+                src = srcs.get(b, srcs[b0])
                 name = f"{PREFIX}-{r}-{b.sock.stem[-1]}"
                 pf, pe, fid, t_fork, t_exec, w0, w1 = fork_exec(b, src, name, [], made, a.raw, f"{r}-{b.sock.stem[-1]}")
                 row = {"fork command": t_fork, "exec command": t_exec, "fork + exec": t_fork + t_exec}
@@ -183,9 +191,9 @@ def main():
                 spans_at.append((b, row, w0, w1))
                 b.lf("delete", fid)
                 made.remove((b, fid))
-        gaps = pauses(b0, src)
+        gaps = {b: pauses(b, src) for b, src in srcs.items()}
         for b, row, w0, w1 in spans_at:
-            row["source paused"] = max([g for e, g in gaps if w0 <= e <= w1 + 0.05] or [0.0])
+            row["source paused"] = max([g for e, g in gaps.get(b, gaps[b0]) if w0 <= e <= w1 + 0.05] or [0.0])
         print(f"# {a.k} repeat forks + exec of a {a.heap} MiB agent per build, medians in ms", file=sys.stderr)
         keys = ["fork + exec", "fork command", "exec command", "fork command outside main", "exec command outside main",
                 "source paused"]
@@ -193,8 +201,8 @@ def main():
     finally:
         for b, fid in made:
             b.lf("delete", fid, check=False)
-        if src:
-            builds[0].lf("delete", src, check=False)
+        for b, src in srcs.items():
+            b.lf("delete", src, check=False)
         for b in builds:
             b.stop()
 
