@@ -8,6 +8,8 @@ Creates one source running bench/agent.py with the first build, snapshots it onc
 `lf-restore -n N --trace` of that snapshot and deletes the forks (not timed). It prints per
 run the batch's wall time, the CPU of lf-restore and its criu (service, workers and their
 helpers: reaped children, so neither the restored forks nor other work on the host), the
+CPU each restored tree has used by the end of the batch (p50: criu's restore code ran in
+its root task before it became the workload; see tree_cpu_ms), the
 restore_ms p50 of the first and last tenth of the batch, and the median per fork of every
 traced step (lib/trace; ids folded). Every timing is a measurement, never a target: run it
 alone (`flock /tmp/lazyfork-bench.lock bench/scale_trace.py ...`). Everything it creates is
@@ -46,6 +48,33 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(len(xs) * p / 100))] if xs else None
 
 
+def tree_cpu_ms(pid):
+    """CPU time (ms) the restored tree rooted at pid has used: every thread of every process
+    in it (/proc/*/task/*/schedstat, exact ns). The root task ran criu's restore code
+    (mount namespace, memory, the restorer) before it became the workload: that is
+    part of a fork's cost which getrusage of lf-restore's children does not count (the
+    tree is never reaped), together with what the workload ran since (small for the
+    agent, which sleeps)."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/schedstat") as f:
+                    total += int(f.read().split()[0])
+                try:
+                    with open(f"/proc/{p}/task/{t}/children") as f:
+                        todo += [int(c) for c in f.read().split()]
+                except OSError:
+                    pass
+        except OSError:
+            continue
+    return total / 1e6
+
+
 def delete(bindir, env, ids):
     for i in range(0, len(ids), 200):
         run([bindir / "lazyfork", "delete", *ids[i:i + 200]], env, check=False)
@@ -81,13 +110,16 @@ def main():
                     cpu = (ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime) * 1000
                     forks = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
                     lat = [f["restore_ms"] for f in forks]
+                    tree = [tree_cpu_ms(f["pid"]) for f in forks if f.get("pid")]
                     tenth = max(1, n // 10)
                     st = steps(p.stderr)
                     res = dict(round=r, n=n, build=i, wall_s=wall, cpu_ms_per_fork=cpu / n, p50=pct(lat, 50),
+                               tree_cpu_ms_p50=pct(tree, 50),
                                first_tenth_p50=pct(lat[:tenth], 50), last_tenth_p50=pct(lat[-tenth:], 50),
                                steps={k: (statistics.median(v), sum(v) / n, len(v)) for k, v in st.items()})
                     results.append(res)
-                    print(f"round {r} N={n} build {i} ({b}): wall {wall:.2f} s, CPU {cpu / n:.1f} ms/fork, "
+                    print(f"round {r} N={n} build {i} ({b}): wall {wall:.2f} s, CPU {cpu / n:.1f} ms/fork "
+                          f"+ {res['tree_cpu_ms_p50'] or 0:.1f} in the restored tree (p50), "
                           f"restore p50 {res['p50']:.0f} ms (first tenth {res['first_tenth_p50']:.0f}, "
                           f"last {res['last_tenth_p50']:.0f})", flush=True)
                     top = sorted(res["steps"].items(), key=lambda kv: -kv[1][1])[:a.steps]

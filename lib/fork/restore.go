@@ -193,6 +193,13 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Without forks made ready during a dump, each fork's cgroup, worker and namespace are
+	// made ahead of its restore (pipeline), two slots' worth.
+	var pipe *pipeline
+	if o.early == nil && svc != nil && o.NetNS == "" {
+		pipe = startPipeline(ctx, rt, s, svc, forks, 2*par)
+		defer pipe.close()
+	}
 	var (
 		mu   sync.Mutex
 		out  = make([]stage.Fork, o.N)
@@ -200,22 +207,33 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 		wg   sync.WaitGroup
 		sem  = make(chan struct{}, par)
 	)
+	// Slots are handed out in the forks' order: the pipeline makes them ready in that order.
+dispatch:
 	for i := 0; i < o.N; i++ {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			break dispatch
+		}
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
 			var once sync.Once
 			release := func() { once.Do(func() { <-sem }) }
 			defer release()
 			if ctx.Err() != nil {
 				return
 			}
-			f, err := restoreOne(ctx, rt, s, svc, hold, forks[i], ready[forks[i].ID], o.Hook, o.NetNS, release)
+			begin := time.Now()
+			pre := ready[forks[i].ID]
+			var err error
+			if pipe != nil {
+				pre, err = pipe.take(ctx, i)
+			}
+			var f stage.Fork
+			if err == nil {
+				f, err = restoreOne(ctx, rt, s, svc, hold, forks[i], pre, o.Hook, o.NetNS, release, begin)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -238,6 +256,9 @@ func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o Re
 		// the ones it never started.
 		if o.early != nil {
 			o.early.closeWorkers() // out of the groups first
+		}
+		if pipe != nil {
+			pipe.close()
 		}
 		for _, c := range forks {
 			_ = rt.Delete(c)
@@ -277,12 +298,11 @@ func makeDumpedFamily(s *stage.Snapshot) error {
 }
 
 // restoreOne starts the reserved fork c; the batch deletes it if anything fails. Its
-// restore_ms runs from here (its record was written with the batch's) to running.
+// restore_ms runs from begin (its slot; its record was written with the batch's) to running.
 // release gives the batch's restore slot back once the tree runs: waiting for the fork's
 // runtime to answer RESEED and writing its record need no CPU of the batch's and must not
 // hold the next fork back.
-func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *store.Container, pre *prepared, h hook.Options, netns string, release func()) (stage.Fork, error) {
-	begin := time.Now()
+func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *store.Container, pre *prepared, h hook.Options, netns string, release func(), begin time.Time) (stage.Fork, error) {
 	ctx, end := trace.Start(ctx, "fork "+c.ID)
 	defer end()
 	err := startIn(ctx, rt, c, s, c.Upper, c.ID, svc, pre, hold, true, netns)
