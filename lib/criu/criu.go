@@ -219,9 +219,8 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 			opts.ManageCgroupsMode = &ignore
 		}
 		res, err = o.Service.call(ctx, req, o.Worker, sc, o.Notify)
-		endForget := trace.Step(ctx, "criu service: detach the root mount")
-		o.Service.forget(o.Root)
-		endForget()
+		// Detached from the service's namespace after the answer, off this restore's path.
+		o.Service.forgetLater(o.Root)
 	} else {
 		res, err = swrk(ctx, o.Binary, req, kdat, o.JoinCgroup, o.Notify, o.Hold, nil, o.NetNS)
 	}

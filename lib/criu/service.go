@@ -51,6 +51,16 @@ type Service struct {
 
 	closeOnce sync.Once
 	exited    chan struct{} // closed when the service process was reaped
+
+	// Roots of restored trees waiting to be detached from the service's namespace by one
+	// goroutine after their restore has answered (forgetLater); busy is the one being
+	// detached now. A detach waits for an RCU grace period (namespace_unlock): in the
+	// restore it lengthened every fork's.
+	fmu     sync.Mutex
+	fcond   *sync.Cond
+	pending []string
+	busy    string
+	fkick   chan struct{}
 }
 
 // serviceDirPrefix names the socket directories; the pid of the owner follows, so that a
@@ -194,6 +204,9 @@ func (s *Service) adopt(root string) error {
 	if !s.ownNS || root == "" {
 		return nil
 	}
+	// An earlier tree's root at the same path (a swapped source) is detached first: a
+	// detach still to come would take this one with it.
+	s.settle(root)
 	fd, err := unix.OpenTree(unix.AT_FDCWD, root, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("clone mount %s: %w", root, err)
@@ -224,6 +237,75 @@ func (s *Service) forget(root string) {
 		}
 		return nil
 	})
+}
+
+// forgetLater queues forget(root) for the service's detaching goroutine: the restore that
+// used root has answered and need not wait for the detach.
+func (s *Service) forgetLater(root string) {
+	if !s.ownNS || root == "" {
+		return
+	}
+	s.fmu.Lock()
+	if s.fkick == nil {
+		s.fkick = make(chan struct{}, 1)
+		s.fcond = sync.NewCond(&s.fmu)
+		go s.forgetLoop()
+	}
+	s.pending = append(s.pending, root)
+	s.fmu.Unlock()
+	select {
+	case s.fkick <- struct{}{}:
+	default:
+	}
+}
+
+// forgetLoop detaches queued roots one after the other until the service exits (its
+// namespace goes with it).
+func (s *Service) forgetLoop() {
+	for {
+		select {
+		case <-s.fkick:
+		case <-s.exited:
+			return
+		}
+		for {
+			s.fmu.Lock()
+			if len(s.pending) == 0 {
+				s.fmu.Unlock()
+				break
+			}
+			root := s.pending[0]
+			s.pending = s.pending[1:]
+			s.busy = root
+			s.fmu.Unlock()
+			s.forget(root)
+			s.fmu.Lock()
+			s.busy = ""
+			s.fcond.Broadcast()
+			s.fmu.Unlock()
+		}
+	}
+}
+
+// settle returns once no detach of root is queued or running: a queued one is done now.
+func (s *Service) settle(root string) {
+	s.fmu.Lock()
+	if s.fcond == nil {
+		s.fmu.Unlock()
+		return
+	}
+	queued := false
+	for i := slices.Index(s.pending, root); i >= 0; i = slices.Index(s.pending, root) {
+		s.pending = slices.Delete(s.pending, i, i+1)
+		queued = true
+	}
+	for s.busy == root {
+		s.fcond.Wait()
+	}
+	s.fmu.Unlock()
+	if queued {
+		s.forget(root)
+	}
 }
 
 // detachOverlays detaches every overlay mount from the service's namespace: roots of

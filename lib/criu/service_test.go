@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfork/lazyfork/lib/testutil/timescale"
@@ -107,6 +108,26 @@ func TestServiceRestoresContainer(t *testing.T) {
 	}
 	if !s.Alive() {
 		t.Fatal("service died")
+	}
+	// The root is detached from the service's namespace after each restore has answered
+	// (forgetLater); the second restore at the same path first finished the first's
+	// detach (settle), or it would have lost its root.
+	if s.ownNS {
+		deadline := time.Now().Add(5 * time.Second)
+		for mountedIn(t, s.cmd.Process.Pid, root2) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s still mounted in the service's namespace 5 s after the restores", root2)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		s.fmu.Lock()
+		left := len(s.pending)
+		s.fmu.Unlock()
+		if left != 0 {
+			t.Errorf("%d roots still queued for detaching", left)
+		}
+	} else {
+		t.Error("service runs in our mount namespace (no helper?)")
 	}
 	pid, dir := s.cmd.Process.Pid, s.dir
 	s.Close()
@@ -332,4 +353,66 @@ func TestPreparedWorkerWaitsForAfter(t *testing.T) {
 		t.Errorf("a worker closed while it waited joined %q", b)
 	}
 	testEventually(t, func() bool { return len(serviceWorkers(t, s)) == 0 }, "workers left after Close: %v", serviceWorkers(t, s))
+}
+
+// mountedIn reports whether path is a mount point in pid's mount namespace.
+func mountedIn(t *testing.T, pid int, path string) bool {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ms, err := mountinfo.GetMountsFromReader(f, mountinfo.SingleEntryFilter(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ms) > 0
+}
+
+// A detach still queued or running for a path (forgetLater) is finished before the path
+// is given to the service again (adopt, a swapped source's new root at its old path):
+// else it would detach the new root before criu used it.
+func TestServiceSettlesQueuedDetach(t *testing.T) {
+	requirePriv(t)
+	s, _ := startService(t)
+	if !s.ownNS {
+		t.Fatal("service runs in our mount namespace (no helper?)")
+	}
+	pid := s.cmd.Process.Pid
+	root := t.TempDir()
+	bindSelf(t, root) // private: adopt attaches a clone there
+	idle := func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			s.fmu.Lock()
+			done := len(s.pending) == 0 && s.busy == ""
+			s.fmu.Unlock()
+			if done {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("detaches still queued after 5 s")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if err := s.adopt(root); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		s.forgetLater(root)
+		if err := s.adopt(root); err != nil {
+			t.Fatal(err)
+		}
+		idle()
+		if !mountedIn(t, pid, root) {
+			t.Fatalf("round %d: the detach queued before adopt took the new root", i)
+		}
+	}
+	s.forgetLater(root)
+	idle()
+	if mountedIn(t, pid, root) {
+		t.Fatalf("%s still mounted in the service's namespace after its detach", root)
+	}
 }
