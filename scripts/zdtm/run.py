@@ -300,6 +300,10 @@ def main():
     runner = Runner(a)
 
     def on_signal(sig, frame):
+        # Once: a signal to the whole group reaches this process twice (run.sh passes
+        # its own on), and a second exit would cut the first cleanup short.
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
         if runner.proc is not None:
             Runner.stop(runner.proc)
         runner.cleanup()

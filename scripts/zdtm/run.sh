@@ -45,7 +45,18 @@ dirty=$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | gre
 export ZDTM_META="$(date -u '+%Y-%m-%d %H:%M UTC'), LazyFork $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null) (bin/ built $built$dirty, copied at the start), \
 CRIU $("$("$HERE/criu-path.sh")" --version 2>/dev/null | sed -n 's/^Version: //p') (tests of CRIU ${ZDTM_CRIU_REF:-v4.2}), \
 kernel $(uname -r), containers $mode"
-nice -n 10 python3 "$HERE/run.py" --csv "$csv" "$@"
+# run.py deletes the current test's containers on a signal, with the pinned bin/: the
+# signal is passed on and run.py waited for, so the EXIT trap never removes the pin first.
+nice -n 10 python3 "$HERE/run.py" --csv "$csv" "$@" &
+run=$!
+trap 'kill -TERM "$run" 2>/dev/null || true' INT TERM HUP
+while kill -0 "$run" 2>/dev/null; do
+	wait "$run" || true
+done
+rc=0
+wait "$run" || rc=$?
+trap - INT TERM HUP
+[ "$rc" = 0 ] || exit "$rc"
 python3 "$HERE/md.py" "$csv" "$ZDTM_WORK/manifest.json" >"$md"
 echo "results: $csv, $md" >&2
 if [ $quick = 0 ]; then
