@@ -13,7 +13,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 
 	"github.com/moby/sys/capability"
 	"golang.org/x/sys/unix"
@@ -97,8 +96,9 @@ func (p Profile) Filtered() bool { return !p.Privileged && p.Seccomp == SeccompD
 // that needs a filter and is given none is refused before anything changes: a missing
 // program never means no filter.
 //
-// Capabilities and no_new_privs are per thread: call runtime.LockOSThread first and
-// execve from the same goroutine right after ApplyFilters returns (syscall.Exec). The
+// Capabilities, no_new_privs, the user and the groups are per thread: call
+// runtime.LockOSThread first and execve from the same goroutine right after ApplyFilters
+// returns (syscall.Exec), which ends the other threads. The
 // seccomp filter is synchronised to every thread (SECCOMP_FILTER_FLAG_TSYNC). After it
 // the caller can no longer mount, setns or change users; do all of that before.
 func (p Profile) ApplyFilters(progs [][]unix.SockFilter) error {
@@ -211,15 +211,19 @@ func (p Profile) setUser() error {
 	for i, g := range p.Groups {
 		groups[i] = int(g)
 	}
-	// The syscall package changes every thread's credentials, not just this one's.
-	if err := syscall.Setgroups(groups); err != nil {
+	// This thread's credentials only, as its capabilities and no_new_privs: the execve
+	// that follows from it (see ApplyFilters) gives the command this thread's, and ends
+	// the other threads. The syscall package's setgroups, setresgid and setresuid change
+	// every thread's, each stopping them all with a signal and spinning until each has
+	// answered: 3-11 ms of an exec's start on a loaded 2-core host (bench/README.md).
+	if err := unix.Setgroups(groups); err != nil { // a raw syscall: this thread's
 		return fmt.Errorf("confine: set groups %v: %w", p.Groups, err)
 	}
-	if err := syscall.Setresgid(int(p.GID), int(p.GID), int(p.GID)); err != nil {
-		return fmt.Errorf("confine: set gid %d: %w", p.GID, err)
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(p.GID), uintptr(p.GID), uintptr(p.GID)); e != 0 {
+		return fmt.Errorf("confine: set gid %d: %w", p.GID, e)
 	}
-	if err := syscall.Setresuid(int(p.UID), int(p.UID), int(p.UID)); err != nil {
-		return fmt.Errorf("confine: set uid %d: %w", p.UID, err)
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(p.UID), uintptr(p.UID), uintptr(p.UID)); e != 0 {
+		return fmt.Errorf("confine: set uid %d: %w", p.UID, e)
 	}
 	if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("confine: reset keep capabilities: %w", err)
