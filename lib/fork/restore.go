@@ -30,13 +30,14 @@ import (
 type RestoreOptions struct {
 	N     int      // how many forks
 	Names []string // optional names, one per fork (fewer is fine)
-	// Parallel bounds concurrent restores; 0 means the number of CPUs. A restore waits
-	// more than it computes (RCU grace periods of cgroup moves, kernel locks in namespace
-	// and mount set-up): on 2 cores 300 forks took 6.5-8.7 s 4 at a time against 9.5-15.2 s
-	// 2 at a time, but each fork's own restore then takes about twice as long; 3 at a
-	// time, 100 forks took 4.1-4.3 s against 3.9-4.9 s, p50 103 against 62-87 ms
-	// (bench/scale_trace.py, 1 Dec). The default keeps a fork's latency, --parallel
-	// trades it for a batch's wall time.
+	// Parallel bounds concurrent restores; 0 means the number of CPUs. A fork costs
+	// ~31-35 ms of CPU (lf-restore and criu, and criu's code in the restored tree's root
+	// task) and waits for RCU grace periods in criu's mount set-up; the cgroup move and
+	// the set-up LazyFork does are made ahead (pipeline). 3 or 4 at a time gained nothing
+	// measurable for 100 forks while a qemu guest held a core, and doubled a fork's
+	// latency (bench/README.md, scale_trace.py and offcpu.py, 2 Dec); on an idle host 300
+	// forks took 6.5-8.7 s 4 at a time against 9.5-15.2 s 2 at a time (1 Dec). The default
+	// keeps a fork's latency, --parallel trades it for a batch's wall time.
 	Parallel int
 	// OnFork is called as each fork starts running (progress, JSON lines).
 	OnFork func(stage.Fork)
