@@ -277,6 +277,21 @@ func (r *Runtime) Create(ctx context.Context, o CreateOptions) (_ *store.Contain
 		return nil, err
 	}
 
+	// A --net none container's namespace is made from the network nursery (a TCP hash
+	// table of its own, which every dump of it walks while it is frozen: network.NewNetNS)
+	// and joined by its init, not cloned from the host's. Bridge mode keeps the clone: its
+	// link is moved into the init's namespace before the init would have joined one.
+	if c.Net == NetNone && joinNS == nil {
+		ns, err := network.NewNetNS()
+		if err != nil {
+			return nil, fmt.Errorf("create: %w", err)
+		}
+		defer ns.Release() // the init is in it once startInit returns
+		if joinNS, err = os.Open(ns.Path); err != nil {
+			return nil, fmt.Errorf("create: open its network namespace: %w", err)
+		}
+		defer joinNS.Close()
+	}
 	pid, err := r.startInit(cg, initConfig{
 		RootFS: c.RootFS, Hostname: c.Hostname, Args: args, Env: env,
 		WorkingDir: c.WorkingDir, MemDir: c.MemDir, Confine: prof, OwnNet: c.Net != NetHost && joinNS == nil,

@@ -85,9 +85,10 @@ func containerInit() error {
 	cfgFile.Close()
 
 	if cfg.JoinNet {
-		// A cluster member: its leader's namespace, before anything of the user's runs.
+		// A cluster member's leader's namespace, or a --net none container's own (made by
+		// the caller), before anything of the user's runs.
 		if err := unix.Setns(5, unix.CLONE_NEWNET); err != nil {
-			return fmt.Errorf("join the cluster's network namespace: %w", err)
+			return fmt.Errorf("join the network namespace: %w", err)
 		}
 		unix.Close(5)
 	}
