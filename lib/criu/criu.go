@@ -118,6 +118,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	callBegin := time.Now()
 	res, err := swrk(ctx, o.Binary, &rpc.CriuReq{Type: &t, Opts: opts}, kdat, nil, o.Notify, o.Hold, o.PageServer, o.NetNS)
 	logPath := filepath.Join(workDir, opts.GetLogFile())
+	keepLogs("dump", logPath, filepath.Join(workDir, "stats-dump"))
 	if err != nil || !res.resp.GetSuccess() {
 		if o.FreezeCgroup != "" && ctx.Err() != nil {
 			// A killed criu cannot thaw the freezer it froze.
@@ -224,6 +225,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	} else {
 		res, err = swrk(ctx, o.Binary, req, kdat, o.JoinCgroup, o.Notify, o.Hold, nil, o.NetNS)
 	}
+	keepLogs("restore", logPath, filepath.Join(o.WorkDir, "stats-restore"))
 	if err != nil && stalled() {
 		err = fmt.Errorf("criu reported an error and did not exit within %v: %w", ErrorGrace, err)
 	}

@@ -1,0 +1,31 @@
+package criu
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+)
+
+// KeepLogsEnv names a directory into which every dump and restore copies criu's log and
+// stats file when it ends (a repeat fork removes its snapshot, and with it the dump's log,
+// at once): bench/criu_steps.py breaks them into steps. Unset, nothing is copied.
+const KeepLogsEnv = "LAZYFORK_KEEP_CRIU_LOGS"
+
+var keptLogs atomic.Int64
+
+// keepLogs copies log and stats into $LAZYFORK_KEEP_CRIU_LOGS as
+// <pid>-<unix ms>-<n>-<kind>-<name>; failures are ignored (a diagnostic only).
+func keepLogs(kind, log, stats string) {
+	dir := os.Getenv(KeepLogsEnv)
+	if dir == "" {
+		return
+	}
+	tag := fmt.Sprintf("%d-%d-%04d-%s", os.Getpid(), time.Now().UnixMilli(), keptLogs.Add(1), kind)
+	for _, f := range []string{log, stats} {
+		if b, err := os.ReadFile(f); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, tag+"-"+filepath.Base(f)), b, 0o600)
+		}
+	}
+}
