@@ -264,6 +264,65 @@ def report(a, n, top):
             print(f"    {v / n:7.2f} {a['count'][k] / n:6.1f}x  {k[2]}   [{k[3]}]  (e.g. tid {a['example'][k]})")
 
 
+def timeline(path, perf, root, k):
+    """Prints what the k-th restore's criu worker and the tasks it forked did, in time order
+    (ms from its first fork): forks, runs of 0.5 ms or more, and every wait of 0.3 ms or
+    more with its kernel path: one fork's critical path, read by eye."""
+    evs = list(parse(path, perf))
+    kids, tgid = defaultdict(list), {}
+    for comm, pid, tid, t, ev, rest, frames in evs:
+        tgid.setdefault(tid, pid)
+        if ev == "sched:sched_process_fork":
+            kids[pid].append(int(dict(KV.findall(rest))["child_pid"]))
+
+    def below(p):
+        out, todo = [], [p]
+        while todo:
+            for c in kids.get(todo.pop(), []):
+                if tgid.get(c, c) == c and c not in out:
+                    out.append(c)
+                    todo.append(c)
+        return out
+
+    procs = [p for p in below(root)]
+    if not procs:
+        print("  no process below lf-restore in the trace")
+        return
+    service = max(procs, key=lambda p: len(kids.get(p, ())))
+    workers = kids.get(service, [])
+    if k >= len(workers):
+        print(f"  only {len(workers)} workers")
+        return
+    fam = {workers[k], *below(workers[k])}
+    print(f"  restore {k}: criu worker {workers[k]}, its tasks {sorted(fam - {workers[k]})}")
+    out, on, t0 = {}, {}, None
+    for comm, pid, tid, t, ev, rest, frames in evs:
+        if ev == "sched:sched_process_fork":
+            kv = dict(KV.findall(rest))
+            if int(kv["pid"]) in fam:
+                t0 = t0 or t
+                print(f"  {(t - t0) * 1000:8.2f} {kv['pid']:>7} forks {kv['child_pid']}")
+            continue
+        if ev != "sched:sched_switch":
+            continue
+        kv = dict(KV.findall(rest.replace(" ==> ", " ")))
+        prev, nxt, st = int(kv["prev_pid"]), int(kv["next_pid"]), kv["prev_state"]
+        if prev in fam:
+            if prev in on and t0:
+                d = (t - on.pop(prev)) * 1000
+                if d >= 0.5:
+                    print(f"  {(t - t0) * 1000 - d:8.2f} {prev:>7} {comm:10s} ran {d:7.2f} ms")
+            out[prev] = (t, st, frames, comm)
+        if nxt in fam:
+            on[nxt] = t
+            if nxt in out and t0:
+                to, st0, fr, cm = out.pop(nxt)
+                d = (t - to) * 1000
+                if d >= 0.3:
+                    w = why(fr) if not st0.startswith("R") else ("waiting for a CPU", "")
+                    print(f"  {(to - t0) * 1000:8.2f} {nxt:>7} {cm:10s} {st0:2s} {d:7.2f} ms  {w[0]}  [{w[1]}]")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", action="append", required=True, help="a build's bin directory (repeat)")
@@ -273,6 +332,7 @@ def main():
     ap.add_argument("--perf", default=shutil.which("perf") or "/usr/bin/perf")
     ap.add_argument("--keep", help="keep each perf.data in this directory")
     ap.add_argument("--freq", type=int, default=0, help="also sample the CPU this often (Hz) and show where each role runs")
+    ap.add_argument("--timeline", type=int, metavar="K", help="also print the K-th restore's timeline (criu worker and its tasks)")
     a = ap.parse_args()
     bins = [Path(b).resolve() for b in a.bin]
     env = dict(os.environ, LAZYFORK_LOCAL="1")
@@ -305,6 +365,8 @@ def main():
             print(f"build {i} ({b}), lf-restore pid {p.pid}: N={a.n} wall {wall:.2f} s (under perf), restore p50 {lat[len(lat) // 2]:.0f} ms", flush=True)
             try:
                 report(analyse(data, a.perf, p.pid), a.n, a.top)
+                if a.timeline is not None:
+                    timeline(data, a.perf, p.pid, a.timeline)
             finally:
                 for j in range(0, len(forks), 200):
                     run([b / "lazyfork", "delete", *[f["id"] for f in forks[j:j + 200]]], env, check=False)
