@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/cgroup"
 	criucore "github.com/checkpoint-restore/go-criu/v8/crit/images/criu-core"
@@ -61,6 +62,11 @@ func CheckpointCgroupsFlat(checkpointDir string) bool {
 	return root != nil && root.GetCgroupNsId() == ids.(*criucore.TaskKobjIdsEntry).GetCgroupNsId()
 }
 
+// imageMagics is go-criu's table of image magics, built once: LoadMagic fills two maps of
+// every magic on each call, and a batch of forks reads a checkpoint's images for each.
+// Read-only afterwards.
+var imageMagics = sync.OnceValue(magic.LoadMagic)
+
 // readOne decodes the first entry of a checkpoint image (the root task's for pstree.img),
 // whose magic must be want. The image is hostile input: its framing is checked against
 // the file's size before anything is allocated, and images over 4 MiB are refused.
@@ -77,7 +83,7 @@ func readOne(dir, name, want string, entry proto.Message) (proto.Message, error)
 	if len(b) > 4<<20 {
 		return nil, fmt.Errorf("read %s: larger than 4 MiB", name)
 	}
-	magics := magic.LoadMagic()
+	magics := imageMagics()
 	word := func() (uint64, bool) {
 		if len(b) < 4 {
 			return 0, false

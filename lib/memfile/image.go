@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/checkpoint-restore/go-criu/v8/crit"
 	"github.com/checkpoint-restore/go-criu/v8/magic"
@@ -59,9 +60,13 @@ func loadImage(dir, name, wantMagic string, entry proto.Message) (*crit.CriuImag
 	return img, nil
 }
 
+// imageMagics is go-criu's table of image magics, built once (LoadMagic fills two maps on
+// each call). Read-only afterwards.
+var imageMagics = sync.OnceValue(magic.LoadMagic)
+
 // checkFraming walks magic, then (size, payload) records to the end of the file.
 func checkFraming(f *os.File, name string) error {
-	magics := magic.LoadMagic()
+	magics := imageMagics()
 	br := bufio.NewReaderSize(f, 64<<10)
 	var hdr [4]byte
 	if _, err := io.ReadFull(br, hdr[:]); err != nil {
