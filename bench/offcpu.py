@@ -11,7 +11,10 @@ to the kernel stack it left the CPU with: blocked (state S or D: it waited for s
 or runnable (preempted: it waited for a CPU). Roles, from the process tree the tracepoints
 show: lf-restore (its threads), the criu service, criu's workers (one per restore), the
 tasks criu restores (comm criu until they become the workload) and the restored workload,
-and any other child of lf-restore. Idle Go runtime threads (futex, epoll) are shown apart.
+criu's helpers below a worker that never become the workload (cgroupd), and any other
+child of lf-restore. Waits that hold no restore up are shown apart as idle: lf-restore's
+idle Go threads (futex, epoll) and reaping goroutines, the service's accept, a worker made
+ahead waiting for its request, the workload's own sleeps.
 Sums are per fork (divided by N), summed over every task of the role: tasks of a role run
 side by side, so a role's blocked time can exceed the batch's wall time.
 Run it alone (`flock /tmp/lazyfork-bench.lock python3 bench/offcpu.py ...`); everything it
@@ -53,6 +56,8 @@ SLEEP = {"__schedule", "schedule", "schedule_timeout", "schedule_preempt_disable
          "syscall_exit_to_user_mode", "do_syscall_64", "entry_SYSCALL_64_after_hwframe",
          "mutex_lock", "down_write", "down_read", "msleep", "usleep_range_state"}
 IDLE_SYSCALLS = {"__x64_sys_futex", "__x64_sys_epoll_pwait", "__x64_sys_epoll_wait", "__x64_sys_nanosleep"}
+# (a Go thread's futex wait in lf-restore counts as idle: the goroutines it runs show their
+# waits in their own system calls)
 
 
 def parse(path, perf):
@@ -127,16 +132,20 @@ def analyse(path, perf, root):
     samples = defaultdict(int)  # (role, where) -> CPU samples
     oncpu = defaultdict(float)  # tid -> ms
     other_cpu = defaultdict(float)  # comm class -> ms
-    per_tid = defaultdict(list)  # tid -> [(kind, ms, key)], classified at the end (roles need the whole tree)
+    per_tid = defaultdict(list)  # tid -> [(kind, ms, key, comm, t)], classified at the end (roles need the whole tree)
+    first_fork = {}  # process -> when it first forked (a worker's restore has begun)
+    comms = defaultdict(set)  # process -> every comm it had
     t0 = t1 = None
     for comm, pid, tid, t, ev, rest, frames in parse(path, perf):
         t0 = t if t0 is None else t0
         t1 = t
         tgid.setdefault(tid, pid)
         comm_of.setdefault(pid, comm)
+        comms[pid].add(comm)
         if ev == "sched:sched_process_fork":
             kv = dict(KV.findall(rest))
             parent[int(kv["child_pid"])] = int(kv["pid"]) if "pid" in kv else tid
+            first_fork.setdefault(pid, t)
             continue
         if ev == "sched:sched_process_exec":
             comm_of[pid] = os.path.basename(dict(KV.findall(rest)).get("filename", comm))
@@ -157,14 +166,14 @@ def analyse(path, perf, root):
                 where = "kernel: " + kern[-1]
             else:
                 where = "user: " + (user[0] if user else "?")
-            per_tid[tid].append(("sample", 1.0, where, comm))
+            per_tid[tid].append(("sample", 1.0, where, comm, t))
             continue
         if ev != "sched:sched_switch":
             continue
         kv = dict(KV.findall(rest.replace(" ==> ", " ")))
         prev, nxt, state = int(kv["prev_pid"]), int(kv["next_pid"]), kv["prev_state"]
         if prev and prev in on:
-            per_tid[prev].append(("cpu", (t - on.pop(prev)) * 1000, None, comm))
+            per_tid[prev].append(("cpu", (t - on.pop(prev)) * 1000, None, comm, t))
         if prev:
             out[prev] = (t, state, frames, comm)
         if nxt:
@@ -172,7 +181,7 @@ def analyse(path, perf, root):
             if nxt in out:
                 to, st, fr, cm = out.pop(nxt)
                 kind = "runnable" if st.startswith("R") else "blocked"
-                per_tid[nxt].append((kind, (t - to) * 1000, why(fr) if kind == "blocked" else ("waiting for a CPU", ""), cm))
+                per_tid[nxt].append((kind, (t - to) * 1000, why(fr) if kind == "blocked" else ("waiting for a CPU", ""), cm, t))
     # The process tree below lf-restore.
     def proc_parent(p):
         q = parent.get(p)
@@ -213,11 +222,13 @@ def analyse(path, perf, root):
         while q is not None and q in below and q not in workers:
             q = proc_parent(q)
         if q in workers:
+            if comms[p] <= {"criu"}:
+                return "criu helper"  # never became the workload: cgroupd and the like
             return "restoring task (criu)" if comm == "criu" else "restored workload"
         return f"other child ({comm_of.get(p, comm)})"
 
     for tid, evs in per_tid.items():
-        for kind, ms, key, comm in evs:
+        for kind, ms, key, comm, t in evs:
             r = role(tid, comm)
             if r is None:
                 if kind == "cpu":
@@ -230,7 +241,14 @@ def analyse(path, perf, root):
                 samples[(r, key)] += 1
                 continue
             w, sc = key
-            if kind == "blocked" and r == "lf-restore" and sc in IDLE_SYSCALLS:
+            # Waits that hold nothing up: lf-restore's idle Go threads and the goroutines that
+            # reap restored trees, the service waiting for a connection, a worker (made
+            # ahead) waiting for its request, before it forks anything, and the restored
+            # workload's own sleeps (the agent sleeps between its writes).
+            if kind == "blocked" and (r == "lf-restore" and (sc.split()[0] in IDLE_SYSCALLS or sc.startswith("__do_sys_waitid"))
+                                      or r == "criu service" and sc.startswith("__x64_sys_accept")
+                                      or r == "criu worker" and t <= first_fork.get(tgid.get(tid, tid), 0)
+                                      or r == "restored workload" and sc.startswith("__x64_sys_clock_nanosleep")):
                 kind = "idle"
             blocked[(r, kind, w, sc)] += ms
             count[(r, kind, w, sc)] += 1
