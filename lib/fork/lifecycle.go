@@ -293,7 +293,7 @@ func resumeIn(ctx context.Context, rt *container.Runtime, c *store.Container, s 
 		}
 	}()
 	c.Family, c.MemDir = s.Family, s.FamilyDir
-	if err := startIn(ctx, rt, c, s, c.Upper, c.ID, nil, nil, nil, true, netns); err != nil {
+	if err := startIn(ctx, rt, c, s, c.Upper, c.ID, nil, nil, nil, true, netns, nil); err != nil {
 		return fmt.Errorf("start %s: %w", c.Display(), err)
 	}
 	c.Snapshot = ""

@@ -306,7 +306,10 @@ func makeDumpedFamily(s *stage.Snapshot) error {
 func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, svc *criu.Service, hold *os.File, c *store.Container, pre *prepared, h hook.Options, netns string, release func(), begin time.Time) (stage.Fork, error) {
 	ctx, end := trace.Start(ctx, "fork "+c.ID)
 	defer end()
-	err := startIn(ctx, rt, c, s, c.Upper, c.ID, svc, pre, hold, true, netns)
+	// The slot goes back once criu has resumed the tree (post-resume): what criu does after
+	// that (its mount namespace's teardown waits for RCU grace periods, its root yard's
+	// rmdir for the journal) needs no slot, and the fork's restore still ends with it.
+	err := startIn(ctx, rt, c, s, c.Upper, c.ID, svc, pre, hold, true, netns, release)
 	release()
 	if err != nil {
 		return stage.Fork{}, err
@@ -346,7 +349,7 @@ func restoreOne(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, s
 // start mounts c's overlay (lower = the snapshot's stack, the given upper), makes its
 // cgroup and restores the snapshot into them. The caller undoes a failure with Delete.
 func start(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, upper string, svc *criu.Service, hold *os.File) error {
-	return startIn(ctx, rt, c, s, upper, c.ID, svc, nil, hold, true, "")
+	return startIn(ctx, rt, c, s, upper, c.ID, svc, nil, hold, true, "", nil)
 }
 
 // startIn is start with the container's cgroup named cgName (a swapped source gets a new
@@ -357,7 +360,8 @@ func start(ctx context.Context, rt *container.Runtime, c *store.Container, s *st
 //
 // netns, for a cluster member's snapshot, is the namespace criu runs in and restores into.
 // pre, if any, is the cgroup (named cgName) and service worker made ready during the dump.
-func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, pre *prepared, hold *os.File, rename bool, netns string) error {
+// resumed, if not nil, is called when criu reports the tree resumed (before it answers).
+func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *stage.Snapshot, upper, cgName string, svc *criu.Service, pre *prepared, hold *os.File, rename bool, netns string, resumed func()) error {
 	var cg *cgroup.Cgroup
 	var worker *criu.Worker
 	if pre != nil {
@@ -467,6 +471,9 @@ func startIn(ctx context.Context, rt *container.Runtime, c *store.Container, s *
 		Hold:          hold,
 		NetNS:         netns,
 		Notify: func(script string, pid int) error {
+			if script == "post-resume" && resumed != nil {
+				resumed() // criu tells no pid with this one
+			}
 			if pid <= 0 {
 				return nil
 			}

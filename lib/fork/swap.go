@@ -134,7 +134,7 @@ func swap(ctx context.Context, rt *container.Runtime, c *store.Container, s *sta
 	// the minute a fork's restore may take (a caller killed meanwhile would leave the source
 	// frozen until GC), and a criu that logged an error is killed sooner (criu.ErrorGrace).
 	rctx, cancel := context.WithTimeout(ctx, SwapRestoreTimeout)
-	err = startIn(rctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, svc, pre, hold, false, "")
+	err = startIn(rctx, rt, c, s, c.Upper, c.ID+"-"+s.ID, svc, pre, hold, false, "", nil)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("swap %s: %w", c.Display(), err)
