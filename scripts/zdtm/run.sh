@@ -11,7 +11,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 . "$HERE/env.sh"
 
-if [ ! -f "$ZDTM_WORK/manifest.json" ] || ! "$LF" image list 2>/dev/null | grep -q "${ZDTM_IMAGE#*/}"; then
+# grep reads all of its input (no -q): under pipefail, a writer cut off by SIGPIPE would
+# fail the test and rebuild everything.
+if [ ! -f "$ZDTM_WORK/manifest.json" ] || ! "$LF" image list 2>/dev/null | grep -F "${ZDTM_IMAGE#*/}" >/dev/null; then
 	bash "$HERE/build.sh"
 fi
 
@@ -41,7 +43,7 @@ trap 'rm -rf "$pin"' EXIT
 cp -a "$LF_BIN"/. "$pin"/
 built=$(date -u -r "$LF_BIN/lazyfork" '+%H:%M UTC')
 export LF_BIN=$pin
-dirty=$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo ", uncommitted changes in the tree" || true)
+dirty=$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | grep . >/dev/null && echo ", uncommitted changes in the tree" || true)
 export ZDTM_META="$(date -u '+%Y-%m-%d %H:%M UTC'), LazyFork $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null) (bin/ built $built$dirty, copied at the start), \
 CRIU $("$("$HERE/criu-path.sh")" --version 2>/dev/null | sed -n 's/^Version: //p') (tests of CRIU ${ZDTM_CRIU_REF:-v4.2}), \
 kernel $(uname -r), containers $mode"
