@@ -217,7 +217,13 @@ func (s *Service) adopt(root string) error {
 			return nil // propagated
 		}
 		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, root, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-			return fmt.Errorf("attach %s in the criu service's mount namespace: %w", root, err)
+			// Whether the path is there says whose the failure is: the lookup's or the mount's.
+			var st unix.Stat_t
+			there := "the path is there"
+			if serr := unix.Stat(root, &st); serr != nil {
+				there = "the path is not: " + serr.Error()
+			}
+			return fmt.Errorf("attach %s in the criu service's mount namespace (%s): %w", root, there, err)
 		}
 		return nil
 	})
