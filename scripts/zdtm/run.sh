@@ -45,7 +45,10 @@ built=$(date -u -r "$LF_BIN/lazyfork" '+%H:%M UTC')
 export LF_BIN=$pin
 # The harness's own results (an earlier run's, not yet committed) change nothing that runs.
 dirty=$(git -C "$REPO" status --porcelain --untracked-files=no -- . ':!bench/results/zdtm*' ':!docs/zdtm*' 2>/dev/null | grep . >/dev/null && echo ", uncommitted changes in the tree" || true)
-export ZDTM_META="$(date -u '+%Y-%m-%d %H:%M UTC'), LazyFork $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null) (bin/ built $built$dirty, copied at the start), \
+# The product's commit: the last one that changed anything but the harness and its results.
+# It names what ran even after the branch's harness commits are rebased onto main.
+product=$(git -C "$REPO" log -1 --format=%h -- . ':!scripts/zdtm' ':!bench/results/zdtm*' ':!docs/zdtm*' 2>/dev/null)
+export ZDTM_META="$(date -u '+%Y-%m-%d %H:%M UTC'), LazyFork $product (tree at $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null); bin/ built $built$dirty, copied at the start), \
 CRIU $("$("$HERE/criu-path.sh")" --version 2>/dev/null | sed -n 's/^Version: //p') (tests of CRIU ${ZDTM_CRIU_REF:-v4.2}), \
 kernel $(uname -r), containers $mode"
 # run.py deletes the current test's containers on a signal, with the pinned bin/: the
