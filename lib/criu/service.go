@@ -212,6 +212,8 @@ func (s *Service) adopt(root string) error {
 		return fmt.Errorf("clone mount %s: %w", root, err)
 	}
 	defer unix.Close(fd)
+	var ours unix.Stat_t
+	_ = unix.Stat(filepath.Dir(root), &ours)
 	return s.inNS(func() error {
 		if fsutil.IsMountPoint(root) {
 			return nil // propagated
@@ -221,7 +223,12 @@ func (s *Service) adopt(root string) error {
 			var st unix.Stat_t
 			there := "the path is there"
 			if serr := unix.Stat(root, &st); serr != nil {
-				there = "the path is not: " + serr.Error()
+				up := filepath.Dir(root)
+				for up != "/" && unix.Stat(up, &st) != nil {
+					up = filepath.Dir(up)
+				}
+				there = fmt.Sprintf("the path is not: %v; its deepest ancestor there is %s, on device %d:%d (%s in ours: %d:%d)",
+					serr, up, unix.Major(st.Dev), unix.Minor(st.Dev), filepath.Dir(root), unix.Major(ours.Dev), unix.Minor(ours.Dev))
 			}
 			return fmt.Errorf("attach %s in the criu service's mount namespace (%s): %w", root, there, err)
 		}
