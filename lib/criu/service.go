@@ -224,7 +224,7 @@ func (s *Service) adopt(root string) error {
 			there := "the path is there"
 			if serr := unix.Stat(root, &st); serr != nil {
 				up := filepath.Dir(root)
-				for up != "/" && unix.Stat(up, &st) != nil {
+				for unix.Stat(up, &st) != nil && up != "/" {
 					up = filepath.Dir(up)
 				}
 				there = fmt.Sprintf("the path is not: %v; its deepest ancestor there is %s, on device %d:%d (%s in ours: %d:%d)",
@@ -350,7 +350,7 @@ func (s *Service) inNS(fn func() error) error {
 	if !s.ownNS || !s.Alive() {
 		return nil
 	}
-	return nsthread.RunPid(s.cmd.Process.Pid, "mnt", unix.CLONE_NEWNS, fn)
+	return nsthread.RunInRoot(s.cmd.Process.Pid, fn)
 }
 
 // Close stops the service and removes its socket. Restores in flight fail.

@@ -49,3 +49,25 @@ func RunPid(pid int, kind string, nstype int, fn func() error) error {
 	defer ns.Close()
 	return Run(ns, nstype, fn)
 }
+
+// RunInRoot runs fn on a throwaway thread in the mount namespace of process pid, with
+// that process's root as its own (nsenter -m -r). Joining a mount namespace alone puts the
+// thread at the namespace's first mount and whatever is stacked on its "/", which is not
+// always the process's root: where the host's root was made by pivot_root (the v2 test
+// guest), the thread saw an empty rootfs and no /tmp.
+func RunInRoot(pid int, fn func() error) error {
+	root, err := os.Open(fmt.Sprintf("/proc/%d/root", pid))
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	return RunPid(pid, "mnt", unix.CLONE_NEWNS, func() error {
+		if err := unix.Fchdir(int(root.Fd())); err != nil {
+			return fmt.Errorf("enter the root of process %d: %w", pid, err)
+		}
+		if err := unix.Chroot("."); err != nil {
+			return fmt.Errorf("enter the root of process %d: %w", pid, err)
+		}
+		return fn()
+	})
+}
