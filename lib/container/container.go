@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/lazyfork/lazyfork/lib/criu"
 	"io"
 	"os"
 	"os/exec"
@@ -66,6 +67,7 @@ func Open(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	im.MaxLayerBytes = cfg.MaxLayerBytes
+	criu.KeepLogs(cfg.KeepCRIULogs)
 	return &Runtime{Containers: t, Images: im, CgroupParent: cfg.CgroupParent, CRIU: cfg.CRIU,
 		Network: network.Config{Bridge: cfg.Bridge, Subnet: cfg.Subnet}, Helper: HelperBeside()}, nil
 }

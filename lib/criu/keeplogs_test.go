@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// With LAZYFORK_KEEP_CRIU_LOGS set, a call's log and stats are copied there under names
+// With a KeepLogs directory set (LAZYFORK_KEEP_CRIU_LOGS), a call's log and stats are copied there under names
 // that say which call they belong to; a missing file is skipped; unset, nothing is copied.
 func TestKeepLogs(t *testing.T) {
 	src, dst := t.TempDir(), t.TempDir()
@@ -15,12 +15,13 @@ func TestKeepLogs(t *testing.T) {
 	if err := os.WriteFile(log, []byte("(00.000001) Dumping finished successfully\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(KeepLogsEnv, "")
+	t.Cleanup(func() { KeepLogs("") })
+	KeepLogs("")
 	keepLogs("dump", log, filepath.Join(src, "stats-dump"))
 	if names, _ := os.ReadDir(dst); len(names) != 0 {
 		t.Fatalf("unset: %d files copied", len(names))
 	}
-	t.Setenv(KeepLogsEnv, dst)
+	KeepLogs(dst)
 	keepLogs("dump", log, filepath.Join(src, "stats-dump")) // no stats file
 	names, _ := os.ReadDir(dst)
 	if len(names) != 1 || !strings.HasSuffix(names[0].Name(), "-dump-dump.log") {

@@ -11,5 +11,7 @@ type Config struct {
 	CRIU         string `name:"criu" help:"CRIU binary to run (default: the private one from make setup, else /usr/sbin/criu; never one found on PATH)." env:"LAZYFORK_CRIU" placeholder:"PATH"`
 	// Kept as text and read when an image is unpacked (image.Store.MaxLayerBytes), so a
 	// bad value fails a pull with a message naming the setting, not every command.
+	// A diagnostic for bench/criu_steps.py, not a setting users need.
+	KeepCRIULogs  string `name:"keep-criu-logs" hidden:"" help:"Directory every dump and restore copies CRIU's log and stats into." env:"LAZYFORK_KEEP_CRIU_LOGS" placeholder:"DIR"`
 	MaxLayerBytes string `help:"Most one image may unpack to: bytes, or a number with K, M, G or T; 0 or none for no limit (default 8G)." env:"LAZYFORK_MAX_LAYER_BYTES" placeholder:"SIZE"`
 }
