@@ -33,11 +33,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from trace_repeat import run  # bench/ is this script's directory
+from trace_repeat import AGENT, IMAGE, run  # bench/ is this script's directory
 
-HERE = Path(__file__).resolve().parent
-AGENT = (HERE / "agent.py").read_text()
-IMAGE = os.environ.get("LF_BENCH_IMAGE", "lazyfork/debian:bookworm")
 PREFIX = f"offcpu-{os.getpid()}"
 
 HEAD = re.compile(r"^(.+?)\s+(-?\d+)/(\d+)\s+([0-9.]+):\s+(?:\d+\s+)?([\w:-]+)(?:/[^:]*/)?:\s(.*)$")
