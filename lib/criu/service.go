@@ -321,8 +321,10 @@ func (s *Service) settle(root string) {
 	}
 }
 
-// detachOverlays detaches every overlay mount from the service's namespace: roots of
-// containers, which a restore never needs but the one it is given.
+// detachOverlays detaches the overlay mounts of the service's namespace that are roots of
+// containers, which a restore never needs but the one it is given. An overlay holding the
+// service's own root, socket or binary stays: a host whose root is an overlay (a live
+// image, a container, the v2 test guest) would otherwise leave criu with nothing.
 func (s *Service) detachOverlays() {
 	if !s.ownNS {
 		return
@@ -331,7 +333,18 @@ func (s *Service) detachOverlays() {
 	if err != nil {
 		return
 	}
-	ms, err := mountinfo.GetMountsFromReader(f, mountinfo.FSTypeFilter("overlay"))
+	needed := []string{s.dir, s.cmd.Path}
+	if len(s.cmd.Args) > 4 && s.cmd.Args[1] == KdatHelperArg {
+		needed = append(needed, s.cmd.Args[4]) // the criu the helper execs
+	}
+	for i, p := range needed {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			needed[i] = real
+		}
+	}
+	ms, err := mountinfo.GetMountsFromReader(f, func(m *mountinfo.Info) (skip, stop bool) {
+		return m.FSType != "overlay" || holdsAny(m.Mountpoint, needed), false
+	})
 	f.Close()
 	if err != nil || len(ms) == 0 {
 		return
@@ -342,6 +355,16 @@ func (s *Service) detachOverlays() {
 		}
 		return nil
 	})
+}
+
+// holdsAny reports whether a mount at mountpoint contains any of paths.
+func holdsAny(mountpoint string, paths []string) bool {
+	for _, p := range paths {
+		if mountpoint == "/" || p == mountpoint || strings.HasPrefix(p, mountpoint+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // inNS runs fn on a thread of its own in the service's mount namespace; the thread is

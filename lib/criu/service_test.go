@@ -416,3 +416,46 @@ func TestServiceSettlesQueuedDetach(t *testing.T) {
 		t.Fatalf("%s still mounted in the service's namespace after its detach", root)
 	}
 }
+
+// overlayRootEnv marks the run of TestServiceSettlesQueuedDetach inside
+// TestServiceOnOverlayRoot's pivoted mount namespace.
+const overlayRootEnv = "LF_TEST_OVERLAY_ROOT"
+
+// On a host whose root is an overlay (a live image, a container, the v2 test guest) the
+// service keeps its root: it detached every overlay of its namespace at start, "/" too,
+// and could reach no path after that. The host is made here: a mount namespace pivoted
+// into an overlay of our root, where TestServiceSettlesQueuedDetach runs again.
+func TestServiceOnOverlayRoot(t *testing.T) {
+	requirePriv(t)
+	if os.Getenv(overlayRootEnv) != "" {
+		t.Skip("already on the overlay root")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := t.TempDir()
+	// Everything mounted below exists only in the child's private namespace and goes with
+	// it; the test binary is copied onto the overlay (its own mount may not be in the lower).
+	script := `set -e
+mount --make-rprivate /
+mount -t tmpfs tmpfs "$W"
+mkdir "$W/upper" "$W/work" "$W/root"
+mount -t overlay overlay -o lowerdir=/,upperdir="$W/upper",workdir="$W/work" "$W/root"
+cp "$BIN" "$W/root/.lf-overlay-root.test"
+mkdir "$W/root/.oldroot"
+cd "$W/root"
+pivot_root . .oldroot
+for m in /dev /proc /sys; do mount --move /.oldroot$m $m; done
+umount -l /.oldroot
+cd /
+exec /.lf-overlay-root.test -test.run '^TestServiceSettlesQueuedDetach$' -test.count=1 -test.v
+`
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Env = append(os.Environ(), "W="+w, "BIN="+self, overlayRootEnv+"=1")
+	cmd.SysProcAttr = &unix.SysProcAttr{Cloneflags: unix.CLONE_NEWNS, Pdeathsig: unix.SIGKILL}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestServiceSettlesQueuedDetach") {
+		t.Fatalf("on an overlay root: %v\n%s", err, out)
+	}
+}
