@@ -7,7 +7,9 @@
 # resume) also wakes every 20 ms and records the longest gap between two wake-ups, in
 # wall-clock time, to /tmp/lf-pause: that is how long a dump or `fork --share` stopped it.
 # Every gap over 10 ms is also appended to /tmp/lf-pauses ("END_UNIX_S GAP_MS" a line), so
-# the benchmark can tell the pause of each fork by its time.
+# the benchmark can tell the pause of each fork by its time. /tmp/lf-ready appears once the
+# heap is filled: after a swap its pages are in memory files the agent has not touched
+# since, so its resident size no longer says so.
 # Short sleeps keep the figure honest across a restore, where CRIU's time namespace shifts
 # the monotonic clock a sleep runs on; a fork switches to one wake-up a second. The
 # page work is timed on the monotonic clock, which a restore continues where the dump
@@ -27,6 +29,11 @@ chunk = os.urandom(1 << 20)
 heap = bytearray(chunk) * mb  # every page present and distinct from zero
 del chunk
 npages = len(heap) // PAGE
+try:  # the heap is filled: the benchmark may look (its resident size can say less, below)
+    with open("/tmp/lf-ready", "w") as f:
+        f.write("%d\n" % mb)
+except OSError:
+    pass
 while idle:
     time.sleep(1)
 host = socket.gethostname()

@@ -444,6 +444,11 @@ class Bench:
     def stats(self, ref):
         return json.loads(self.lf("stats", ref, "--json").stdout)
 
+    def agent_ready(self, ref):
+        """Whether the agent in container ref has filled its heap (agent.py's /tmp/lf-ready)."""
+        p = self.lf("exec", ref, "--timeout", "10s", "--", "cat", "/tmp/lf-ready", check=False)
+        return p.returncode == 0 and p.stdout.strip() != ""
+
     def pause_ms(self, rec):
         """Longest pause the agent in a source saw (see agent.py), read from its root."""
         rootfs = rec.get("rootfs")
@@ -1237,8 +1242,10 @@ class Bench:
             # root's keyframe at once, and when that swap lands after the heap was filled
             # the heap lives in the memory files, charged to whoever wrote them.
             # the heap plus the interpreter's own few MiB: the heap is filled, not half-way
+            # A keyframe written after the fill holds the heap in memory files, mapped but
+            # not touched since: then the agent's /tmp/lf-ready says it is filled.
             deadline = now() + 120
-            while self.resident(root) < (heap + 4) * MiB:
+            while self.resident(root) < (heap + 4) * MiB and not self.agent_ready(root):
                 if now() > deadline:
                     r = self.info(root) or {}
                     raise RuntimeError(f"tree root: heap of {heap} MiB not resident after 120 s "

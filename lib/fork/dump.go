@@ -241,6 +241,13 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 		cannotCarry = make(chan bool, 1)
 		go func() { cannotCarry <- swapCannotCarry(cg, c) }()
 	}
+	// Whether this criu's page server can feed the memory files: a criu start (~7 ms) the
+	// first time a process asks, beside the preallocation rather than after it.
+	var wide chan bool
+	if swap && c.Family == "" {
+		wide = make(chan bool, 1)
+		go func() { wide <- criu.SpeaksWidePageServer(ctx, rt.CRIU) }()
+	}
 	// A source's first swap (it runs on its own memory): its memory files' pages are
 	// allocated now, while it runs, so that the rewrite it is frozen for writes into them.
 	var preBytes int64
@@ -307,7 +314,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	// page-server header is another size (its dumps hung on the server in the v2 guest).
 	var ps *memfile.PageServer
 	var psConn *os.File
-	if swap && c.Family == "" && singleProcess(cg) && criu.SpeaksWidePageServer(ctx, rt.CRIU) && snapshot.MakeFamilyDir(s.FamilyDir) == nil {
+	if swap && c.Family == "" && <-wide && singleProcess(cg) && snapshot.MakeFamilyDir(s.FamilyDir) == nil {
 		if ps, err = memfile.StartPageServer(s.CheckpointDir, s.FamilyDir, s.ID); err == nil {
 			psConn = ps.Conn
 			defer func() {
