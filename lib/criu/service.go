@@ -357,10 +357,14 @@ func (s *Service) detachOverlays() {
 	})
 }
 
-// holdsAny reports whether a mount at mountpoint contains any of paths.
+// holdsAny reports whether a mount at mountpoint contains any of paths (the root mount
+// holds everything).
 func holdsAny(mountpoint string, paths []string) bool {
+	if mountpoint == "/" {
+		return true
+	}
 	for _, p := range paths {
-		if mountpoint == "/" || p == mountpoint || strings.HasPrefix(p, mountpoint+"/") {
+		if p == mountpoint || strings.HasPrefix(p, mountpoint+"/") {
 			return true
 		}
 	}

@@ -459,3 +459,18 @@ exec /.lf-overlay-root.test -test.run '^TestServiceSettlesQueuedDetach$' -test.c
 		t.Fatalf("on an overlay root: %v\n%s", err, out)
 	}
 }
+
+// The overlays a service keeps: "/" always, one at or above a path it uses, never one
+// that only shares a name prefix with it.
+func TestHoldsAny(t *testing.T) {
+	needed := []string{"/run/lazyfork/service-1", "/opt/criu/bin/criu"}
+	for mp, want := range map[string]bool{
+		"/": true, "/run": true, "/run/lazyfork/service-1": true, "/opt/criu": true,
+		"/run/lazyfork/service-10": false, "/run/lazy": false, "/opt/criu/bin/criu-old": false,
+		"/var/lib/lazyfork/containers/abc/rootfs": false,
+	} {
+		if got := holdsAny(mp, needed); got != want {
+			t.Errorf("holdsAny(%q) = %v, want %v", mp, got, want)
+		}
+	}
+}
