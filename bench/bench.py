@@ -1155,6 +1155,7 @@ class Bench:
                     repeat_pause_max_ms=pct(pauses[1:], 100),
                     first_conntrack_ms=ct[0], repeat_conntrack_p50_ms=pct(ct[1:], 50),  # the dump's conntrack part
                     first_dump_ms=first_tim.get("dump_ms"), first_memfile_ms=first_tim.get("memfile_ms"),
+                    first_prealloc_ms=first_tim.get("prealloc_ms"),
                     fork_exec_ms=" ".join(f"{x:.0f}" for x in times),
                     pauses_ms=" ".join("-" if x is None else f"{x:.0f}" for x in pauses),
                     family_files_bytes=self.family_bytes() - fam0,

@@ -182,7 +182,9 @@ def render(b):
                 "on two threads, and copies the pages into it once; forks map it with no page table. A running "
                 "container's first `lazyfork fork` (the swap, its default) gets this without the flag: its dense stretches "
                 "are allocated as huge pages before the freeze (the dump's prealloc_huge_pages) and the dump is written "
-                "into them, at no rewrite cost. For a copy (`lf-memfile`, `--copy`, these rows) it is not the default "
+                "into them, at no rewrite cost, as long as fresh huge pages come fast: once one takes over 2 ms (on this "
+                "VM, one the balloon had handed back to the host: 10-20 ms each) the rest are 4 KiB pages "
+                "(prealloc_huge_slow; `--huge-pages` makes them however slowly). For a copy (`lf-memfile`, `--copy`, these rows) it is not the default "
                 "because on this VM fresh huge pages slow the rewrite: its balloon hands free 2 MiB blocks back to the "
                 "host, and the allocation's host faults slow the copy beside it too (see memfile ms and "
                 "bench/huge_pages.py).")
@@ -473,8 +475,9 @@ def issue14_targets(b, target):
         target("first fork + exec, CLI with the daemon", "<= 250 ms", f"{ms(v)} ms" + base("first_fork_exec_ms"),
                v is not None and v <= 250,
                "" if v is None or v <= 250 else
-               f"the first fork allocates the heap's memory file before the freeze (huge pages for dense 2 MiB "
-               f"stretches; on this VM fresh huge pages wait on the host's balloon), dumps the whole {th} MiB heap "
+               f"the first fork allocates the heap's memory file before the freeze "
+               f"({ms(rep.get('first_prealloc_ms'))} ms: huge pages for dense 2 MiB stretches while fresh ones come "
+               f"fast, 4 KiB pages once one waits on the host's balloon), dumps the whole {th} MiB heap "
                f"into it (CRIU {ms(rep.get('first_dump_ms'))} ms), finishes the rewrite "
                f"({ms(rep.get('first_memfile_ms'))} ms) and restores the source onto it: the source paused "
                f"{ms(rep.get('first_pause_ms'))} ms of it")

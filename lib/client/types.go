@@ -83,8 +83,8 @@ type ForkRequest struct {
 	Copy bool `json:"copy,omitempty"`
 	// HugePages: each dense 2 MiB stretch of the heap one huge page of the memory files,
 	// ~0.4 MB less per working fork of a 256 MiB heap. nil: a swap's preallocation makes
-	// them (before the freeze), a copy's rewrite does not (it would slow it); true: both;
-	// false: neither.
+	// them (before the freeze) while fresh ones come fast, a copy's rewrite does not (it
+	// would slow it); true: both, however slowly; false: neither.
 	HugePages *bool `json:"huge_pages,omitempty"`
 	HookOptions
 }

@@ -77,15 +77,27 @@ type DumpOptions struct {
 	// drops it once the process is gone): one write of the record instead of two, and no
 	// moment where a crash leaves an ownerless snapshot of a live source behind.
 	Transient bool
-	// SmallPages: a swap's preallocated memory files stay in 4 KiB pages (see
-	// memfile.Options.SmallPages).
-	SmallPages bool
+	// SmallPages: a swap's preallocated memory files stay in 4 KiB pages; HugePages: their
+	// dense stretches are huge pages however slowly fresh ones come. Neither: huge pages
+	// while they come fast (memfile.HugePagesWhileFast).
+	SmallPages, HugePages bool
 	// ready, for a swap, makes the new source's cgroup and criu worker while the source
 	// runs (swapReady); Swap takes them. Undone here when no swap follows.
 	ready *swapReady
 	// Thawed, if set, is called once criu has returned, so with LeaveRunning (and no
 	// Swap) once the source runs again: a repeat fork's early work waits for it.
 	Thawed func()
+}
+
+// hugePolicy is how a swap's preallocation makes huge pages.
+func (o DumpOptions) hugePolicy() memfile.HugePolicy {
+	switch {
+	case o.SmallPages:
+		return memfile.NoHugePages
+	case o.HugePages:
+		return memfile.HugePagesAlways
+	}
+	return memfile.HugePagesWhileFast
 }
 
 // swapCannotCarry reports whether c's processes hold something a swap would change for
@@ -250,13 +262,15 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	}
 	// A source's first swap (it runs on its own memory): its memory files' pages are
 	// allocated now, while it runs, so that the rewrite it is frozen for writes into them.
-	var preBytes int64
-	var preHuge int
+	var pre memfile.Preallocated
 	var preTime time.Duration
 	if swap && c.Family == "" {
 		endPre := trace.Step(ctx, "preallocate the memory files' pages")
-		preBytes, preHuge, preTime = preallocTimed(cg, s, !o.SmallPages)
+		pre, preTime = preallocTimed(cg, s, o.hugePolicy())
 		endPre()
+		if pre.HugeSlow {
+			trace.Step(ctx, "preallocate: fresh huge pages came slowly, the rest in small pages")()
+		}
 		defer func() {
 			if retErr != nil {
 				dropPrealloc(s)
@@ -444,7 +458,7 @@ func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o Dump
 	s.Dump = stage.DumpStats{
 		WallMs: stage.Ms(res.Wall), FrozenMs: stage.Ms(res.Frozen), LayerMs: stage.Ms(layerTime),
 		PagesWritten: res.PagesWritten, PagesScanned: res.PagesScanned, CheckpointBytes: checkpointBytes,
-		PreallocMs: stage.Ms(preTime), PreallocBytes: preBytes, PreallocHugePages: preHuge, PagesPlaced: psConn != nil,
+		PreallocMs: stage.Ms(preTime), PreallocBytes: pre.Bytes, PreallocHugePages: pre.HugePages, PreallocHugeSlow: pre.HugeSlow, PagesPlaced: psConn != nil,
 	}
 	defer trace.Step(ctx, "save the snapshot record")()
 	if err := Save(s); err != nil {

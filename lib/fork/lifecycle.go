@@ -33,8 +33,9 @@ type Options struct {
 	// heap again, and forks see other inode numbers than the source.
 	Copy bool
 	// HugePages: nil keeps the defaults (a swap's preallocation makes the heap's dense
-	// stretches huge pages, a copy's rewrite does not: see memfile.Options.HugePages);
-	// true makes them huge pages in both, false in neither.
+	// stretches huge pages while fresh ones come fast, memfile.HugePagesWhileFast; a
+	// copy's rewrite does not: see memfile.Options.HugePages); true makes them huge pages
+	// in both however slowly, false in neither.
 	HugePages *bool
 	// KSM marks the forks' memory mergeable (memfile.Options.KSM): opt-in per tree.
 	KSM bool
@@ -113,7 +114,7 @@ func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Opti
 	}
 	// Transient: GC drops the snapshot if this process dies.
 	s, err := Dump(ctx, rt, c, DumpOptions{Force: o.Force, Exit: o.Share, Swap: swap, Hook: o.Hook, Transient: true,
-		SmallPages: o.HugePages != nil && !*o.HugePages, ready: ready, Thawed: thawed})
+		SmallPages: o.HugePages != nil && !*o.HugePages, HugePages: o.HugePages != nil && *o.HugePages, ready: ready, Thawed: thawed})
 	if o.early != nil {
 		o.early.dumped() // also when Dump failed before criu ran
 	}

@@ -21,24 +21,22 @@ import (
 // The pages come from a container, so the total is capped by the anonymous memory its
 // group is charged for: a forged or sprawling address space (huge mappings, the zero page
 // mapped everywhere) cannot make the host allocate more than the container already holds.
-// Best effort: whatever fails, the rewrite writes into fresh pages as without it. With
-// hugePages, dense 2 MiB stretches are huge pages. It returns the bytes allocated and the
-// huge pages among them.
-func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot, hugePages bool) (int64, int) {
+// Best effort: whatever fails, the rewrite writes into fresh pages as without it. Dense
+// 2 MiB stretches are huge pages as policy says.
+func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot, policy memfile.HugePolicy) memfile.Preallocated {
+	var total memfile.Preallocated
 	st, err := cg.Stats()
 	if err != nil || st.Rss == 0 {
-		return 0, 0
+		return total
 	}
 	budget := int64(st.Rss) / int64(os.Getpagesize())
 	pids, err := cg.Procs()
 	if err != nil {
-		return 0, 0
+		return total
 	}
 	if err := snapshot.MakeFamilyDir(s.FamilyDir); err != nil {
-		return 0, 0
+		return total
 	}
-	var total int64
-	var huge int
 	for _, pid := range pids {
 		if budget <= 0 {
 			break
@@ -51,16 +49,20 @@ func preallocate(cg *cgroup.Cgroup, s *stage.Snapshot, hugePages bool) (int64, i
 		if err != nil || pages == 0 {
 			continue
 		}
-		n, h, err := memfile.Preallocate(filepath.Join(s.FamilyDir, memfile.PreallocName(s.ID, nspid)), runs, hugePages)
-		total += n
-		huge += h
+		got, err := memfile.Preallocate(filepath.Join(s.FamilyDir, memfile.PreallocName(s.ID, nspid)), runs, policy)
+		total.Bytes += got.Bytes
+		total.HugePages += got.HugePages
+		if got.HugeSlow {
+			// The next process's would come as slowly.
+			total.HugeSlow, policy = true, memfile.NoHugePages
+		}
 		budget -= pages
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "lazyfork: dump %s: %v (the rewrite writes into fresh pages)\n", s.Source.Name, err)
 			break
 		}
 	}
-	return total, huge
+	return total
 }
 
 // dropPrealloc removes what preallocate made for s when no rewrite will take it (the dump
@@ -75,11 +77,11 @@ func dropPrealloc(s *stage.Snapshot) {
 	_ = os.Remove(s.FamilyDir) // only if empty
 }
 
-// preallocTimed runs preallocate and records it in s's dump statistics.
-func preallocTimed(cg *cgroup.Cgroup, s *stage.Snapshot, huge bool) (int64, int, time.Duration) {
+// preallocTimed runs preallocate and says how long it took.
+func preallocTimed(cg *cgroup.Cgroup, s *stage.Snapshot, policy memfile.HugePolicy) (memfile.Preallocated, time.Duration) {
 	t := time.Now()
-	n, made := preallocate(cg, s, huge)
-	return n, made, time.Since(t)
+	got := preallocate(cg, s, policy)
+	return got, time.Since(t)
 }
 
 // sweepZeroPages frees, in the background, the all-zero pages of the memory files m's

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/checkpoint-restore/go-criu/v8/crit/images/vma"
@@ -149,10 +150,11 @@ func TestPreallocateMakesDenseStretchesHuge(t *testing.T) {
 	}
 	_, thp := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 	path := filepath.Join(shmDir(t), "p.mem")
-	n, made, err := Preallocate(path, runs, true)
+	got, err := Preallocate(path, runs, HugePagesAlways)
 	if err != nil {
 		t.Fatal(err)
 	}
+	n, made := got.Bytes, got.HugePages
 	if thp != nil {
 		t.Logf("no huge tmpfs pages here: %d made", made)
 	} else if made != 2 || n != int64(2*h+100*ps) {
@@ -219,6 +221,52 @@ func TestPreallocateMakesDenseStretchesHuge(t *testing.T) {
 		}
 		if !bytes.Equal(readPage(t, path, at/ps+p), want) {
 			t.Errorf("page %d changed", p)
+		}
+	}
+}
+
+// With HugePagesWhileFast, once a huge page comes more slowly than small pages would
+// (here: any, with the threshold at a nanosecond) Preallocate stops making them and
+// allocates the remaining dense stretches in small pages, all of them, reading as zeros;
+// HugePagesAlways makes every one however slowly; NoHugePages none.
+func TestPreallocateStopsMakingSlowHugePages(t *testing.T) {
+	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled"); err != nil {
+		t.Skip("no huge tmpfs pages on this kernel")
+	}
+	saved := slowHugePage
+	slowHugePage = time.Nanosecond
+	t.Cleanup(func() { slowHugePage = saved })
+	const stretches = 8
+	runs := []PreallocRun{{uint64(base), uint64(base) + stretches*hugeAlign}}
+	for _, c := range []struct {
+		policy       HugePolicy
+		minHuge, max int
+		slow         bool
+	}{
+		// Two workers start a batch of one stretch each before either is timed.
+		{HugePagesWhileFast, 1, 2, true},
+		{HugePagesAlways, stretches, stretches, false},
+		{NoHugePages, 0, 0, false},
+	} {
+		path := filepath.Join(shmDir(t), fmt.Sprintf("p%d.mem", c.policy))
+		got, err := Preallocate(path, runs, c.policy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("policy %d: %+v", c.policy, got)
+		if got.HugePages < c.minHuge || got.HugePages > c.max || got.HugeSlow != c.slow {
+			t.Errorf("policy %d: %d huge pages (slow: %v), want %d to %d (slow: %v)", c.policy, got.HugePages, got.HugeSlow, c.minHuge, c.max, c.slow)
+		}
+		if want := int64(stretches * hugeAlign); got.Bytes != want || allocated(t, path) != want {
+			t.Errorf("policy %d: %d bytes allocated (file: %d), want every stretch's %d", c.policy, got.Bytes, allocated(t, path), want)
+		}
+		if kb := pmdMapped(t, path, stretches*hugeAlign); kb != int64(got.HugePages)*hugeAlign>>10 {
+			t.Errorf("policy %d: %d kB mapped by PMDs, want the %d huge pages'", c.policy, kb, got.HugePages)
+		}
+		for _, p := range []uint64{0, 511, 512*3 + 9, stretches*512 - 1} {
+			if !bytes.Equal(readPage(t, path, uint64(base)/ps+p), page(0)) {
+				t.Errorf("policy %d: page %d does not read as zeros", c.policy, p)
+			}
 		}
 	}
 }

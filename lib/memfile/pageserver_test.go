@@ -50,9 +50,15 @@ func TestPageServer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Process 5's file was preallocated; process 6's is made by the server.
-	if _, _, err := Preallocate(filepath.Join(fam, PreallocName("s1", 5)), []PreallocRun{{base, base + 4*ps}}, true); err != nil {
+	// Process 5's file was preallocated (4 small pages and a 2 MiB stretch, a huge page
+	// where the kernel has them); process 6's is made by the server.
+	h := uint64(hugeAlign)
+	if _, err := Preallocate(filepath.Join(fam, PreallocName("s1", 5)), []PreallocRun{{base, base + 4*ps}, {base + h, base + 2*h}}, HugePagesAlways); err != nil {
 		t.Fatal(err)
+	}
+	var stretch []byte
+	for i := range h / ps {
+		stretch = append(stretch, page(byte('A'+i%26))...)
 	}
 	srv, err := StartPageServer(img, fam, "s1")
 	if err != nil {
@@ -66,6 +72,8 @@ func TestPageServer(t *testing.T) {
 	}
 	c.send(psIovAddF|pePresentFlag<<16, 2, base+ps, pid(5), append(page('a'), page('b')...))
 	c.send(psIovAddF|pePresentFlag<<16, 1, base+10*ps, pid(5), page('c'))
+	c.send(psIovAddF|pePresentFlag<<16, 2, base+3*ps, pid(5), append(page('d'), page('e')...)) // half preallocated
+	c.send(psIovAddF|pePresentFlag<<16, h/ps, base+h, pid(5), stretch)
 	c.send(psIovOpen2, 0, 0, pid(6), nil)
 	c.recv(1)
 	c.send(psIovAddF|pePresentFlag<<16, 1, base, pid(6), page('x'))
@@ -81,8 +89,13 @@ func TestPageServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 6*pageSize || placed[5] != PreallocName("s1", 5) || placed[6] != PreallocName("s1", 6) || len(placed) != 2 {
+	if n != int64(8*ps+h) || placed[5] != PreallocName("s1", 5) || placed[6] != PreallocName("s1", 6) || len(placed) != 2 {
 		t.Fatalf("placed %v, %d bytes", placed, n)
+	}
+	// Written through the mappings of the preallocated ranges: pages 1, 2 and 3, and the
+	// stretch; pages 4 and 10 and process 6's spliced.
+	if want := int64(3*ps + h); srv.mapped != want {
+		t.Errorf("%d bytes written through the mappings, want %d", srv.mapped, want)
 	}
 	f5 := filepath.Join(fam, placed[5])
 	for i, want := range [][]byte{page(0), page('a'), page('b')} {
@@ -90,14 +103,16 @@ func TestPageServer(t *testing.T) {
 			t.Errorf("process 5 page %d: %q...", i, got[:2])
 		}
 	}
-	if got := readPage(t, f5, base/ps+10); !bytes.Equal(got, page('c')) {
-		t.Errorf("process 5 page 10: %q...", got[:2])
+	for p, want := range map[uint64][]byte{10: page('c'), 3: page('d'), 4: page('e'), h / ps: page('A'), h/ps + 27: page('B'), 2*h/ps - 1: page('A' + 511%26)} {
+		if got := readPage(t, f5, base/ps+p); !bytes.Equal(got, want) {
+			t.Errorf("process 5 page %d: %q..., want %q...", p, got[:2], want[:2])
+		}
 	}
 	if got := readPage(t, filepath.Join(fam, placed[6]), base/ps); !bytes.Equal(got, page('x')) {
 		t.Errorf("process 6: %q...", got[:2])
 	}
 	pm := loadPM(t, img, 5)
-	if len(pm) != 2 || pm[0].GetVaddr() != base+ps || pagesIn(pm[0]) != 2 || pm[0].GetFlags() != pePresent || pm[1].GetVaddr() != base+10*ps {
+	if len(pm) != 4 || pm[0].GetVaddr() != base+ps || pagesIn(pm[0]) != 2 || pm[0].GetFlags() != pePresent || pm[1].GetVaddr() != base+10*ps {
 		t.Errorf("pagemap-5 %v", pm)
 	}
 	head, err := loadImage(img, "pagemap-5.img", "PAGEMAP", &pagemap.PagemapHead{})

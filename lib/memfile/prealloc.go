@@ -165,22 +165,31 @@ func ParsePreallocName(prefix, name string) (uint32, bool) {
 	return uint32(n), true
 }
 
+// Preallocated is what Preallocate allocated.
+type Preallocated struct {
+	Bytes     int64
+	HugePages int
+	// HugeSlow: fresh huge pages came too slowly (HugePagesWhileFast), and the stretches
+	// after were allocated in small pages.
+	HugeSlow bool
+}
+
 // Preallocate creates path (O_EXCL, a memory file's size and mode) and allocates the
-// pages of runs in it at offset = address. With huge, each 2 MiB stretch the runs cover
-// densely becomes one huge page (makeHuge) where the kernel can: the dump is written into it
-// faster than into small pages, and forks map it without page tables (huge.go); the
-// rest, and any stretch the kernel cannot make huge, is allocated in small pages. A full
-// tmpfs ends it early without an error: the pages not allocated are written into fresh
-// pages by the rewrite, as without it. It returns the bytes allocated and the huge pages
-// made.
-func Preallocate(path string, runs []PreallocRun, huge bool) (int64, int, error) {
+// pages of runs in it at offset = address. As policy says, each 2 MiB stretch the runs
+// cover densely becomes one huge page (makeHuge) where the kernel can: the dump is
+// written into it faster than into small pages, and forks map it without page tables
+// (huge.go); the rest, and any stretch the kernel cannot make huge, is allocated in small
+// pages. A full tmpfs ends it early without an error: the pages not allocated are written
+// into fresh pages by the rewrite, as without it.
+func Preallocate(path string, runs []PreallocRun, policy HugePolicy) (Preallocated, error) {
+	var res Preallocated
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o400)
 	if err != nil {
-		return 0, 0, fmt.Errorf("preallocate memory file: %w", err)
+		return res, fmt.Errorf("preallocate memory file: %w", err)
 	}
 	defer f.Close()
 	if err := f.Truncate(AnonFileSize); err != nil {
-		return 0, 0, fmt.Errorf("preallocate memory file %s: %w", filepath.Base(path), err)
+		return res, fmt.Errorf("preallocate memory file %s: %w", filepath.Base(path), err)
 	}
 	var valid []PreallocRun
 	for _, r := range runs {
@@ -190,12 +199,9 @@ func Preallocate(path string, runs []PreallocRun, huge bool) (int64, int, error)
 	}
 	valid = mergeRuns(valid)
 	fd := int(f.Fd())
-	var n int64
-	made := map[int64]bool{}
-	if huge {
-		made = makeHuge(fd, denseStretches(valid))
-	}
-	n += int64(len(made)) * hugeAlign
+	made, slow := makeHuge(fd, denseStretches(valid), policy)
+	res.HugePages, res.HugeSlow = len(made), slow
+	res.Bytes = int64(len(made)) * hugeAlign
 	for _, r := range valid {
 		for at := r.Start; at < r.End; {
 			b := int64(at) / hugeAlign * hugeAlign
@@ -206,23 +212,23 @@ func Preallocate(path string, runs []PreallocRun, huge bool) (int64, int, error)
 			}
 			err := unix.Fallocate(fd, unix.FALLOC_FL_KEEP_SIZE, int64(at), int64(end-at))
 			if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EINTR) {
-				return n, len(made), nil
+				return res, nil
 			}
 			if err != nil {
-				return n, len(made), fmt.Errorf("preallocate memory file %s at %#x: %w", filepath.Base(path), at, err)
+				return res, fmt.Errorf("preallocate memory file %s at %#x: %w", filepath.Base(path), at, err)
 			}
 			// fallocate leaves small tmpfs pages untouched: the dump's writes would pay
 			// their first touch (on this VM the host's faults; docs/how-it-works.md
 			// section 11) while the source is frozen. Zeros written now pay it here, while
 			// it runs; the file reads as before.
 			if err := writeZeros(fd, int64(at), int64(end-at)); err != nil {
-				return n, len(made), fmt.Errorf("preallocate memory file %s at %#x: %w", filepath.Base(path), at, err)
+				return res, fmt.Errorf("preallocate memory file %s at %#x: %w", filepath.Base(path), at, err)
 			}
-			n += int64(end - at)
+			res.Bytes += int64(end - at)
 			at = end
 		}
 	}
-	return n, len(made), nil
+	return res, nil
 }
 
 // punchOutside punches every page of fd outside keep (sorted, disjoint ranges of file

@@ -117,11 +117,11 @@ func TestRewriteIntoPreallocated(t *testing.T) {
 	at := base
 	pre := PreallocName("p", 7)
 	// Every page of the VMAs, the stack's, and some far away (a mapping gone by the dump).
-	if _, _, err := Preallocate(filepath.Join(fam, pre), []PreallocRun{{at, at + 12*ps}, {at + 100*ps, at + 110*ps}}, true); err != nil {
+	if _, err := Preallocate(filepath.Join(fam, pre), []PreallocRun{{at, at + 12*ps}, {at + 100*ps, at + 110*ps}}, HugePagesAlways); err != nil {
 		t.Fatal(err)
 	}
 	other := PreallocName("p", 8) // a process the checkpoint does not hold
-	if _, _, err := Preallocate(filepath.Join(fam, other), []PreallocRun{{at, at + ps}}, true); err != nil {
+	if _, err := Preallocate(filepath.Join(fam, other), []PreallocRun{{at, at + ps}}, HugePagesAlways); err != nil {
 		t.Fatal(err)
 	}
 	res, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: fam, Prefix: "p",

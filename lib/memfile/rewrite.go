@@ -442,7 +442,7 @@ func (r *rewriter) fillOne(ctx context.Context, mf *memFile, pages []byte) error
 		if err != nil {
 			return err
 		}
-		huge = startHuge(ctx, fd, plan)
+		huge = startHuge(ctx, fd, plan, nil)
 		defer huge.finish() // before the file is closed
 	}
 	// Stretch by stretch, in address order, each once it is ready (huge.go).

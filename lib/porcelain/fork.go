@@ -22,7 +22,7 @@ type forkCmd struct {
 	Force     bool     `help:"Fork even if the workload uses an allocator that relies on MADV_DONTNEED zero-fill."`
 	Share     bool     `help:"Move the source onto the snapshot by ending and restoring it (the behaviour before the swap; if its restore fails it stays stopped)."`
 	Copy      bool     `help:"Leave the source on its own memory and copy its files for the forks (by default the first fork moves the source onto the snapshot: later forks then dump only what it changed)."`
-	HugePages *bool    `negatable:"" help:"Put each dense 2 MiB stretch of the heap in one huge page: each working fork costs ~0.4 MB less (256 MiB heap). A running container's first fork does it by default, before the freeze; with --copy (and later snapshots) only when asked, as it slows the rewrite. --no-huge-pages keeps 4 KiB pages everywhere."`
+	HugePages *bool    `negatable:"" help:"Put each dense 2 MiB stretch of the heap in one huge page: each working fork costs ~0.4 MB less (256 MiB heap). A running container's first fork does it by default, before the freeze, while fresh huge pages come fast (on a VM whose balloon hands free memory back to the host they may not: then 4 KiB pages; --huge-pages makes them however slowly); with --copy (and later snapshots) only when asked, as it slows the rewrite. --no-huge-pages keeps 4 KiB pages everywhere."`
 	hookFlags
 	JSON bool `help:"Print one JSON line per fork."`
 }

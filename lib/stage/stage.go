@@ -113,6 +113,9 @@ type DumpStats struct {
 	// PreallocHugePages: the 2 MiB stretches of them allocated as one huge page each
 	// (memfile.Preallocate): forks map those without page tables.
 	PreallocHugePages int `json:"prealloc_huge_pages,omitempty"`
+	// PreallocHugeSlow: fresh huge pages came slowly (memfile.HugePagesWhileFast), so the
+	// stretches after the slow one were allocated in small pages.
+	PreallocHugeSlow bool `json:"prealloc_huge_slow,omitempty"`
 	// PagesPlaced: CRIU sent the pages to a page server that wrote each process's into
 	// its memory file (<snapshot>-prealloc-<pid>.mem) at their addresses: the checkpoint's
 	// pages images are empty until the rewrite, which needs those files, has run.
