@@ -130,6 +130,40 @@ func TestDeleteLeavesNoTrace(t *testing.T) {
 	_ = cg
 }
 
+// A record whose group exists in only some hierarchies (its creation killed between two
+// hierarchies' mkdirs: memory comes first) is deleted with what is left of the group;
+// Load refuses such a group, and Delete used to skip it and leave an empty memory group
+// behind the record (found on this host more than once).
+func TestDeleteRemovesAPartialGroup(t *testing.T) {
+	rt := newRuntime(t)
+	c, err := rt.Reserve("partial", func(c *store.Container) error { c.Image = "x"; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rt.Containers.Remove(c.ID) })
+	ctrl := "memory"
+	if c.CgroupV2 {
+		ctrl = "unified"
+	}
+	dir := cgroupDir(ctrl, c.Cgroup[ctrl])
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
+	if _, err := container.Cgroup(c); err == nil && !c.CgroupV2 {
+		t.Fatalf("group %v loads with only its %s directory made", c.Cgroup, ctrl)
+	}
+	if err := rt.Delete(c); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); err == nil {
+		t.Errorf("delete left the group's %s directory %s", ctrl, dir)
+	}
+	if _, err := rt.Containers.Get(c.ID); err == nil {
+		t.Errorf("delete left the record")
+	}
+}
+
 // assertGone checks that nothing of a container remains: process, mounts, cgroup dirs,
 // tmpfs dir, record.
 func assertGone(t *testing.T, rt *container.Runtime, c *store.Container) {

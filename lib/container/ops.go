@@ -98,6 +98,12 @@ func (r *Runtime) Delete(c *store.Container) error {
 		} else if err := cg.Remove(); err != nil {
 			errs = append(errs, err)
 		}
+	} else if cgroup.CheckOwned(c.Cgroup) == nil {
+		// Not in every hierarchy (Load refuses it): a creation or removal cut short. What
+		// is left goes, or it would outlive the record (empty memory groups did).
+		if err := cgroup.RemoveOwned(c.Cgroup); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	// The conventional paths, not the record's: a damaged record must not aim removal
 	// anywhere else.

@@ -239,6 +239,7 @@ func TestKilledPorcelainMidSwap(t *testing.T) {
 	seen := 0
 	for _, p := range swapKillPoints {
 		t.Run(p.name, func(t *testing.T) {
+			groups := countCgroupDirs()
 			src := create(t, rt, "", "python3", "-c", counterPy)
 			testutil.Eventually(t, 10*time.Second, "counting", func() bool { return lastInt(src) >= 2 })
 			cmd := exec.Command(bin, "fork", src.ID)
@@ -248,6 +249,7 @@ func TestKilledPorcelainMidSwap(t *testing.T) {
 			}
 			checkOneSource(t, rt, bin, src, nil)
 			deleteAll(t, rt)
+			checkGroupsGone(t, groups)
 		})
 	}
 	if seen < 4 {
@@ -268,6 +270,7 @@ func TestKilledDaemonMidSwap(t *testing.T) {
 	seen := 0
 	for _, p := range swapKillPoints {
 		t.Run(p.name, func(t *testing.T) {
+			groups := countCgroupDirs()
 			d := exec.Command(bin, "daemon", "run")
 			d.Env = append(os.Environ(), sock...)
 			var dlog bytes.Buffer
@@ -294,10 +297,21 @@ func TestKilledDaemonMidSwap(t *testing.T) {
 			<-dead
 			checkOneSource(t, rt, bin, src, sock)
 			deleteAll(t, rt)
+			checkGroupsGone(t, groups)
 		})
 	}
 	if seen < 4 {
 		t.Errorf("only %d of %d kill points were caught before the fork ended", seen, len(swapKillPoints))
+	}
+}
+
+// checkGroupsGone checks that no cgroup directory is left, in any hierarchy, of those the
+// kill point's containers had: a kill inside cgroup.Create (between the memory and pids
+// mkdirs) used to leave a bare memory group that delete and gc skipped.
+func checkGroupsGone(t *testing.T, before int) {
+	t.Helper()
+	if after := countCgroupDirs(); after != before {
+		t.Errorf("%d LazyFork cgroup directories before the fork, %d after the kill, gc and delete of everything", before, after)
 	}
 }
 
