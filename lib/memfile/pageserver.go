@@ -346,7 +346,10 @@ func spliceIn(sk int, p [2]int, pipeSize int, fd int, off, n int64) error {
 	return nil
 }
 
-var errEOF = errors.New("end of stream")
+var (
+	errEOF   = errors.New("end of stream")
+	errShort = errors.New("short header")
+)
 
 // ErrStreamCut: criu ended the stream without closing it (its dump failed, or was
 // cancelled): criu's error says why.
@@ -366,7 +369,7 @@ func readFull(fd int, b []byte) error {
 			if first {
 				return errEOF
 			}
-			return errors.New("short header")
+			return errShort
 		}
 		first = false
 		b = b[n:]

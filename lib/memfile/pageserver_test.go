@@ -141,32 +141,40 @@ func TestPageServerRefuses(t *testing.T) {
 		name string
 		run  func(c psClient)
 		want string
+		pre  bool // process 1's file preallocated: the pages go through a mapping
 	}{
 		{"past the file", func(c psClient) {
 			c.send(psIovOpen2, 0, 0, 1<<8|psTypePid, nil)
 			c.recv(1)
 			c.send(psIovAddF|pePresentFlag<<16, 1, uint64(AnonFileSize), 1<<8|psTypePid, page('a'))
-		}, "past a memory file"},
+		}, "past a memory file", false},
 		{"unaligned", func(c psClient) {
 			c.send(psIovOpen2, 0, 0, 1<<8|psTypePid, nil)
 			c.recv(1)
 			c.send(psIovAddF|pePresentFlag<<16, 1, base+1, 1<<8|psTypePid, page('a'))
-		}, "bad page run"},
+		}, "bad page run", false},
 		{"no close", func(c psClient) {
 			c.send(psIovOpen2, 0, 0, 1<<8|psTypePid, nil)
 			c.recv(1)
-		}, "before the end of the dump"},
+		}, "before the end of the dump", false},
 		{"opened twice", func(c psClient) {
 			c.send(psIovOpen2, 0, 0, 1<<8|psTypePid, nil)
 			c.recv(1)
 			c.send(psIovOpen2, 0, 0, 1<<8|psTypePid, nil)
-		}, "opened twice"},
+		}, "opened twice", false},
 		{"unknown type", func(c psClient) {
 			c.send(psIovOpen2, 0, 0, 1<<8|9, nil)
-		}, "image type 9"},
+		}, "image type 9", false},
+		{"cut mid-run", cutMidRun, "mid-run", false},
+		{"cut mid-run, preallocated", cutMidRun, "mid-run", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := shmDir(t)
+			if tc.pre {
+				if _, err := Preallocate(filepath.Join(root, PreallocName("s", 1)), []PreallocRun{{base, base + 4*ps}}, NoHugePages); err != nil {
+					t.Fatal(err)
+				}
+			}
 			srv, err := StartPageServer(root, root, "s")
 			if err != nil {
 				t.Fatal(err)
@@ -178,6 +186,13 @@ func TestPageServerRefuses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cutMidRun announces two pages and sends one before the stream ends.
+func cutMidRun(c psClient) {
+	c.send(psIovOpen2, 0, 0, 1<<8|psTypePid, nil)
+	c.recv(1)
+	c.send(psIovAddF|pePresentFlag<<16, 2, base, 1<<8|psTypePid, page('a'))
 }
 
 func itoa(n uint32) string { return strconv.FormatUint(uint64(n), 10) }

@@ -165,18 +165,12 @@ func receivePlaced(sk int, p [2]int, pipeSize, fd int, maps []mappedRun, off, n 
 
 // readPages reads len(b) bytes of pages from the stream into b.
 func readPages(sk int, b []byte) error {
-	for len(b) > 0 {
-		n, err := unix.Read(sk, b)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("receive pages: %w", err)
-		}
-		if n == 0 {
-			return errors.New("receive pages: criu closed the connection mid-run")
-		}
-		b = b[n:]
+	err := readFull(sk, b)
+	if errors.Is(err, errEOF) || errors.Is(err, errShort) {
+		return errors.New("receive pages: criu closed the connection mid-run")
+	}
+	if err != nil {
+		return fmt.Errorf("receive pages: %w", err)
 	}
 	return nil
 }
