@@ -237,6 +237,8 @@ func (c *thawCmd) Run(ctx context.Context, g *Globals) error {
 
 type deleteCmd struct {
 	Containers []string `arg:"" help:"Names, ids or unique id prefixes."`
+	// Docker's and Podman's `rm -f`: here a running container is always stopped first.
+	Force bool `short:"f" help:"Accepted as in docker rm -f: a running container is always stopped first."`
 }
 
 func (c *deleteCmd) Run(ctx context.Context, g *Globals) error {
