@@ -151,6 +151,7 @@ func kdatDir() string { return criu.DefaultKdatDir() }
 // Dump checkpoints c's whole process tree and freezes its upper layer at the same
 // instant. The source keeps running unless o.Exit.
 func Dump(ctx context.Context, rt *container.Runtime, c *store.Container, o DumpOptions) (out *stage.Snapshot, retErr error) {
+	defer busy()()
 	ctx, end := trace.Start(ctx, "dump")
 	defer end()
 	// What o.ready made goes unless the source was left frozen for the swap's restore.

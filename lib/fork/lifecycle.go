@@ -45,6 +45,7 @@ type Options struct {
 // memory into files, restore N forks, drop the transient snapshot. A stopped container
 // is forked straight from the snapshot it was stopped into.
 func Fork(ctx context.Context, rt *container.Runtime, c *store.Container, o Options) ([]stage.Fork, *stage.Snapshot, error) {
+	defer busy()()
 	ctx, end := trace.Start(ctx, "fork "+c.Display())
 	defer end()
 	endChecks := trace.Step(ctx, "check the record, state and names")
@@ -357,6 +358,7 @@ func forkSwapped(ctx context.Context, rt *container.Runtime, c *store.Container,
 		collect(ctx, rt)
 	}()
 	defer sweepZeroPages(ctx, m)() // beside the forks' restore, after the pause
+	collapseLater(m)
 	if o.N == 0 {
 		return nil, m, nil
 	}

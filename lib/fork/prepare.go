@@ -27,6 +27,7 @@ type PrepareOptions struct {
 // stay while anything maps them. If c cannot be frozen for the swap (a stopped task), c
 // keeps running on its own memory and the snapshot is still a valid keyframe for forks.
 func Prepare(ctx context.Context, rt *container.Runtime, c *store.Container, o PrepareOptions) (*stage.Snapshot, error) {
+	defer busy()()
 	if err := needKSM(o.KSM, "prepare "+c.Display(), "create the tree without ksm"); err != nil {
 		return nil, err
 	}
@@ -56,6 +57,7 @@ func Prepare(ctx context.Context, rt *container.Runtime, c *store.Container, o P
 			return nil, err
 		}
 		defer sweepZeroPages(ctx, m)()
+		collapseLater(m)
 		// Ended before the snapshot loses its owner below (until then GC would finish it).
 		endOld()
 		m.SwapMs = stage.Ms(time.Since(t))

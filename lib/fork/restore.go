@@ -68,6 +68,7 @@ type RestoreOptions struct {
 // own namespaces, cgroup, overlay upper and hostname, sharing the family memory files.
 // When any fork fails the whole batch is undone and the first error returned.
 func Restore(ctx context.Context, rt *container.Runtime, s *stage.Snapshot, o RestoreOptions) ([]stage.Fork, error) {
+	defer busy()()
 	ctx, end := trace.Start(ctx, fmt.Sprintf("restore %d fork(s)", o.N))
 	defer end()
 	endChecks := trace.Step(ctx, "check the snapshot, state lock (shared)")

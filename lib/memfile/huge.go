@@ -2,6 +2,8 @@ package memfile
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -278,4 +280,46 @@ func collapseRange(fd int, off, n int64) bool {
 		return false
 	}
 	return unix.Madvise(unsafe.Slice((*byte)(addr), n), unix.MADV_COLLAPSE) == nil
+}
+
+// CollapseDense makes each 2 MiB stretch of the memory file at path that holds data
+// densely (denseFraction) one huge page, in place: MADV_COLLAPSE copies its small pages
+// into a new huge page, so what the file reads does not change, and whoever maps it
+// maps the huge page from its next fault. It is the second half of HugePagesWhileFast:
+// the stretches a slow preallocation left small become huge pages later, off every
+// pause and latency, where the forks made after get them without page tables. wait, if
+// not nil, is called before each stretch (the caller holds it while more urgent work
+// runs). It stops when ctx is done and returns the stretches made huge pages.
+func CollapseDense(ctx context.Context, path string, wait func()) (int, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("collapse %s: %w", filepath.Base(path), err)
+	}
+	defer unix.Close(fd)
+	var runs []PreallocRun
+	for off := int64(0); ; {
+		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if err != nil {
+			break // ENXIO: no data after off
+		}
+		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
+		if err != nil || end <= start {
+			break
+		}
+		runs = append(runs, PreallocRun{uint64(start), uint64(end)})
+		off = end
+	}
+	made := 0
+	for _, b := range denseStretches(runs) {
+		if wait != nil {
+			wait() // a huge page that waits on the host holds a CPU the guest cannot use
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if collapseRange(fd, b, hugeAlign) {
+			made++
+		}
+	}
+	return made, nil
 }

@@ -271,6 +271,72 @@ func TestPreallocateStopsMakingSlowHugePages(t *testing.T) {
 	}
 }
 
+// CollapseDense makes a file's dense stretches, written in small pages, huge pages in
+// place: the bytes read the same (through a mapping made before too), the sparse stretch
+// stays small, and a new mapping maps the dense ones with PMDs.
+func TestCollapseDense(t *testing.T) {
+	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/shmem_enabled"); err != nil {
+		t.Skip("no huge tmpfs pages on this kernel")
+	}
+	h, pg := int64(hugeAlign), int64(ps)
+	path := filepath.Join(shmDir(t), "c.mem")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(AnonFileSize); err != nil {
+		t.Fatal(err)
+	}
+	// Stretch 0: 512 pages of data; 1: 400 (dense); 2: 100 (sparse).
+	content := func(s, i int64) []byte { return page(byte('a' + (s*7+i)%23)) }
+	for s, n := range []int64{512, 400, 100} {
+		for i := int64(0); i < n; i++ {
+			if _, err := f.WriteAt(content(int64(s), i), int64(base)+int64(s)*h+i*pg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	before := allocated(t, path)
+	old, err := unix.Mmap(int(f.Fd()), int64(base), int(3*h), unix.PROT_READ, unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(old)
+	readSink += old[0] + old[h] + old[2*h]
+	if kb := pmdMapped(t, path, 3*h); kb != 0 {
+		t.Fatalf("%d kB mapped by PMDs before the collapse, want none (small pages)", kb)
+	}
+	made, err := CollapseDense(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if made != 2 {
+		t.Errorf("%d stretches collapsed, want the 2 dense ones", made)
+	}
+	if kb := pmdMapped(t, path, 3*h); kb != 2*h>>10 {
+		t.Errorf("%d kB mapped by PMDs after the collapse, want the two dense stretches' %d", kb, 2*h>>10)
+	}
+	if got, want := allocated(t, path), before+112*pg; got != want {
+		t.Errorf("%d bytes allocated after the collapse, want %d (the dense stretch's 112 holes now zeros)", got, want)
+	}
+	for s, n := range []int64{512, 400, 100} {
+		for _, i := range []int64{0, n / 2, n - 1} {
+			want := content(int64(s), i)
+			at := int64(s)*h + i*pg
+			if got := readPage(t, path, uint64(base+uint64(at))/ps); !bytes.Equal(got, want) {
+				t.Errorf("stretch %d page %d reads %q..., want %q...", s, i, got[:2], want[:2])
+			}
+			if !bytes.Equal(old[at:at+pg], want) {
+				t.Errorf("stretch %d page %d reads %q... through the old mapping", s, i, old[at:at+2])
+			}
+		}
+	}
+	if !bytes.Equal(readPage(t, path, (base+uint64(h)+450*ps)/ps), page(0)) {
+		t.Errorf("a hole of the dense stretch does not read as zeros")
+	}
+}
+
 func allocated(t *testing.T, path string) int64 {
 	t.Helper()
 	var st unix.Stat_t
