@@ -19,8 +19,10 @@ func TestParseStat(t *testing.T) {
 			t.Errorf("ParseStat(%q) accepted", bad)
 		}
 	}
+	// /proc/PID/stat shows the main thread, which may sleep while this goroutine's
+	// thread reads it: alive is all that can be asked (CI saw 'S' once under load).
 	self, err := ReadStat(os.Getpid())
-	if err != nil || self.PPid != os.Getppid() || self.StartTime == 0 || self.State != 'R' {
+	if err != nil || self.PPid != os.Getppid() || self.StartTime == 0 || (self.State != 'R' && self.State != 'S') {
 		t.Errorf("own stat: %+v, %v", self, err)
 	}
 }
