@@ -296,21 +296,8 @@ func CollapseDense(ctx context.Context, path string, wait func()) (int, error) {
 		return 0, fmt.Errorf("collapse %s: %w", filepath.Base(path), err)
 	}
 	defer unix.Close(fd)
-	var runs []PreallocRun
-	for off := int64(0); ; {
-		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if err != nil {
-			break // ENXIO: no data after off
-		}
-		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
-		if err != nil || end <= start {
-			break
-		}
-		runs = append(runs, PreallocRun{uint64(start), uint64(end)})
-		off = end
-	}
 	made := 0
-	for _, b := range denseStretches(runs) {
+	for _, b := range denseStretches(dataRuns(fd, 0)) {
 		if wait != nil {
 			wait() // a huge page that waits on the host holds a CPU the guest cannot use
 		}
@@ -322,4 +309,23 @@ func CollapseDense(ctx context.Context, path string, wait func()) (int, error) {
 		}
 	}
 	return made, nil
+}
+
+// dataRuns returns the ranges of fd that hold data (SEEK_DATA, SEEK_HOLE), ascending, at
+// most max of them (0: all).
+func dataRuns(fd int, max int) []PreallocRun {
+	var runs []PreallocRun
+	for off := int64(0); max == 0 || len(runs) < max; {
+		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if err != nil {
+			break // ENXIO: no data after off
+		}
+		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
+		if err != nil || end <= start {
+			break
+		}
+		runs = append(runs, PreallocRun{uint64(start), uint64(end)})
+		off = end
+	}
+	return runs
 }

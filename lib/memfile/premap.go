@@ -70,19 +70,10 @@ func (m *premap) mapFile(path string, id uint32) {
 	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != AnonFileSize {
 		return
 	}
-	for off := int64(0); len(m.files[id]) < premapMaxRuns; {
-		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if err != nil {
-			return // ENXIO: no data after off
+	for _, r := range dataRuns(fd, premapMaxRuns) {
+		if b, ok := m.mapRange(fd, int64(r.Start), int64(r.End-r.Start)); ok {
+			m.files[id] = append(m.files[id], mappedRun{off: int64(r.Start), b: b})
 		}
-		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
-		if err != nil || end <= start {
-			return
-		}
-		if b, ok := m.mapRange(fd, start, end-start); ok {
-			m.files[id] = append(m.files[id], mappedRun{off: start, b: b})
-		}
-		off = end
 	}
 }
 
