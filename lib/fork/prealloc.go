@@ -152,7 +152,8 @@ func collapseLater(m *stage.Snapshot) {
 	}
 	var files []string
 	for _, name := range refs {
-		if strings.HasPrefix(name, m.ID+"-") {
+		// The checkpoint's own files only, inside the family directory.
+		if strings.HasPrefix(name, m.ID+"-") && filepath.Base(name) == name {
 			files = append(files, filepath.Join(m.FamilyDir, name))
 		}
 	}
