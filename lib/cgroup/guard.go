@@ -44,7 +44,7 @@ func RemoveOwned(p Paths) error {
 	c := &Cgroup{Paths: p, mounts: h.mounts, V2: len(p) == 1 && p[unified] != ""}
 	for _, v := range p {
 		if c.Name != "" && c.Name != filepath.Base(v) {
-			return fmt.Errorf("remove cgroup: paths name different groups: %v", p)
+			return fmt.Errorf("remove cgroup: paths name different groups %v: %w", p, ErrForeign)
 		}
 		c.Name = filepath.Base(v)
 	}

@@ -164,6 +164,36 @@ func TestDeleteRemovesAPartialGroup(t *testing.T) {
 	}
 }
 
+// A record whose group paths name two different groups (forged) is deleted without
+// touching either group: an empty group of another name is left as it was.
+func TestDeleteForgedGroupPathsTouchesNoGroup(t *testing.T) {
+	rt := newRuntime(t)
+	c, err := rt.Reserve("forged", func(c *store.Container) error { c.Image = "x"; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rt.Containers.Remove(c.ID) })
+	if c.CgroupV2 {
+		t.Log("one hierarchy on v2: its paths cannot name two groups; the v1 case is the one checked")
+	}
+	var other string
+	for k, p := range c.Cgroup {
+		other = cgroupDir(k, filepath.Join(filepath.Dir(p), "f0rged0000aa"))
+		c.Cgroup[k] = filepath.Join(filepath.Dir(p), "f0rged0000aa")
+		break // one path renamed: the names disagree (on v1)
+	}
+	if err := os.MkdirAll(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(other) })
+	if err := rt.Delete(c); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(other); err != nil && !c.CgroupV2 {
+		t.Errorf("delete of a forged record removed %s: %v", other, err)
+	}
+}
+
 // assertGone checks that nothing of a container remains: process, mounts, cgroup dirs,
 // tmpfs dir, record.
 func assertGone(t *testing.T, rt *container.Runtime, c *store.Container) {

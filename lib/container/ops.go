@@ -101,7 +101,8 @@ func (r *Runtime) Delete(c *store.Container) error {
 	} else if cgroup.CheckOwned(c.Cgroup) == nil {
 		// Not in every hierarchy (Load refuses it): a creation or removal cut short. What
 		// is left goes, or it would outlive the record (empty memory groups did).
-		if err := cgroup.RemoveOwned(c.Cgroup); err != nil {
+		// A forged record (paths naming different groups) aims it nowhere, as Load would.
+		if err := cgroup.RemoveOwned(c.Cgroup); err != nil && !errors.Is(err, cgroup.ErrForeign) {
 			errs = append(errs, err)
 		}
 	}
