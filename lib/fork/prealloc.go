@@ -150,13 +150,7 @@ func collapseLater(m *stage.Snapshot) {
 	if err != nil {
 		return
 	}
-	var files []string
-	for _, name := range refs {
-		// The checkpoint's own files only, inside the family directory.
-		if strings.HasPrefix(name, m.ID+"-") && filepath.Base(name) == name {
-			files = append(files, filepath.Join(m.FamilyDir, name))
-		}
-	}
+	files := ownFiles(m, refs)
 	go func() {
 		// Never unlocked: the thread ends with this goroutine, its policy with it.
 		runtime.LockOSThread()
@@ -165,4 +159,17 @@ func collapseLater(m *stage.Snapshot) {
 			_, _ = memfile.CollapseDense(context.Background(), f, waitIdle)
 		}
 	}()
+}
+
+// ownFiles keeps, of the memory files m's checkpoint refers to, m's own ones (named by its
+// id), as paths inside its family directory: a name from another snapshot, with a slash or
+// "..", is left out.
+func ownFiles(m *stage.Snapshot, refs []string) []string {
+	var files []string
+	for _, name := range refs {
+		if strings.HasPrefix(name, m.ID+"-") && filepath.Base(name) == name {
+			files = append(files, filepath.Join(m.FamilyDir, name))
+		}
+	}
+	return files
 }

@@ -235,3 +235,73 @@ func TestPunchZeroPages(t *testing.T) {
 		t.Errorf("%d bytes allocated, want 2 pages", st.Blocks*512)
 	}
 }
+
+// The family directory may hold, under a process's memory-file name, something that is
+// not a memory file this dump made: a symlink to a file elsewhere, a file of another size,
+// a FIFO. The server neither maps nor writes any of them; the dump fails naming the file,
+// and the file the symlink names stays as it was.
+func TestPageServerRefusesForeignFiles(t *testing.T) {
+	root := shmDir(t)
+	outside := filepath.Join(root, "outside")
+	f, err := os.OpenFile(outside, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(AnonFileSize); err != nil { // the size a memory file has
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(page('o'), int64(base)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	fam := filepath.Join(root, "fam")
+	if err := os.Mkdir(fam, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(fam, PreallocName("s", 1))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(fam, PreallocName("s", 2)), page('w'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(fam, PreallocName("s", 3)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	m := startPremap(fam, "s")
+	<-m.done
+	if len(m.files) != 0 || len(m.res) != 0 {
+		t.Errorf("mapped %d files (%d reservations) that are not this dump's memory files", len(m.files), len(m.res))
+	}
+	m.unmap()
+
+	for id, want := range map[uint32]string{1: "too many levels of symbolic links", 2: "is not a memory file", 3: "is not a memory file"} {
+		srv, err := StartPageServer(root, fam, "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// CRIU's side, errors ignored: a server that refuses ends the stream at the open.
+		hdr := func(cmd uint32, nr uint64) []byte {
+			h := make([]byte, psHeaderSize)
+			binary.LittleEndian.PutUint32(h[0:], cmd)
+			binary.LittleEndian.PutUint64(h[8:], nr)
+			binary.LittleEndian.PutUint64(h[16:], base)
+			binary.LittleEndian.PutUint64(h[24:], uint64(id)<<8|psTypePid)
+			return h
+		}
+		_, _ = srv.Conn.Write(hdr(psIovOpen2, 0))
+		_, _ = srv.Conn.Read(make([]byte, 1))
+		_, _ = srv.Conn.Write(append(hdr(psIovAddF|pePresentFlag<<16, 1), page('x')...))
+		_, _ = srv.Conn.Write(hdr(psIovClose, 0))
+		srv.Conn.Close()
+		if _, _, err := srv.Wait(5 * time.Second); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("process %d: got %v, want an error with %q", id, err, want)
+		}
+	}
+	if !bytes.Equal(readPage(t, outside, base/ps), page('o')) {
+		t.Error("the file the symlink names was written")
+	}
+	if b, err := os.ReadFile(filepath.Join(fam, PreallocName("s", 2))); err != nil || !bytes.Equal(b, page('w')) {
+		t.Errorf("the file of another size changed (%v)", err)
+	}
+}
