@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -19,6 +21,22 @@ import (
 // benchmark of 2 Dec). So the server maps each preallocated file's allocated ranges
 // (MAP_POPULATE, beside CRIU's start) and copies the pages of a run that falls in one
 // there; the rest are spliced as before.
+
+// Whether that wins depends on the host. On a VM that shadows the guest's page tables
+// (this project's machines since 2 Dec: a write from user space to a page the process has
+// not touched yet traps to the host, ~8 us, while the kernel's own copies do not), the
+// same 256 MiB took 500-630 ms through the mapping against 61-84 ms spliced (/tmp
+// benchmark, socket -> preallocated tmpfs file, six runs). So once the files are mapped, a
+// sample of their pages is written (each with the zero it holds) and timed; if a page
+// takes over premapSlowPage the mappings are dropped and every run is spliced.
+
+// premapProbePages pages, spread over the mapped bytes, are timed.
+const premapProbePages = 64
+
+// premapSlowPage is the write time per sampled page above which the mappings are dropped
+// (fast hosts: ~0.1 us; splicing a page ~1 us; shadowed page tables: ~8 us). A variable
+// for tests.
+var premapSlowPage = 2 * time.Microsecond
 
 // premapMaxRuns bounds the mappings made per file (each is a VMA of the daemon): the
 // preallocation merges its runs, so a heap is a few.
@@ -55,8 +73,41 @@ func startPremap(familyDir, prefix string) *premap {
 			}
 			m.mapFile(filepath.Join(familyDir, e.Name()), id)
 		}
+		if m.slowWrites() {
+			m.unmapAll()
+		}
 	}()
 	return m
+}
+
+// slowWrites writes up to premapProbePages pages spread over the mappings, each with the
+// value it holds (an atomic add of 0: nothing else writes them yet, and a preallocated
+// page reads zeros), and says whether a page took over premapSlowPage on average.
+func (m *premap) slowWrites() bool {
+	var all []mappedRun
+	var total int
+	for _, runs := range m.files {
+		for _, r := range runs {
+			all = append(all, r)
+			total += len(r.b)
+		}
+	}
+	if total == 0 {
+		return false
+	}
+	ps := int(pageSize)
+	step := max(total/premapProbePages, ps) &^ (ps - 1)
+	sampled := 0
+	start := time.Now()
+	at := 0 // offset into the runs laid end to end
+	for _, r := range all {
+		for ; at < len(r.b); at += step {
+			atomic.AddUint32((*uint32)(unsafe.Pointer(&r.b[at])), 0)
+			sampled++
+		}
+		at -= len(r.b)
+	}
+	return time.Since(start) > time.Duration(sampled)*premapSlowPage
 }
 
 // mapFile maps path's allocated ranges; whatever fails is left to the splice.
@@ -110,10 +161,14 @@ func (m *premap) unmap() {
 		return
 	}
 	<-m.done
+	m.unmapAll()
+}
+
+func (m *premap) unmapAll() {
 	for _, r := range m.res {
 		_ = unix.MunmapPtr(r, m.sizes[r])
 	}
-	m.res, m.files = nil, nil
+	m.res, m.files = nil, map[uint32][]mappedRun{}
 }
 
 // receivePlaced writes the next n bytes of the stream sk into fd at off: through maps
