@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
@@ -229,4 +231,43 @@ func dataPages(f interface{ Fd() uintptr }, off, n int64) (int64, error) {
 		return 0, err
 	}
 	return (bytes + pageSize - 1) / pageSize, nil
+}
+
+// imagePages reads a pages image through one reused buffer (fillOne).
+type imagePages struct {
+	f   *os.File
+	buf []byte
+}
+
+func openImagePages(dir string, id uint32) (*imagePages, error) {
+	name := fmt.Sprintf("pages-%d.img", id)
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open image %s: %w", name, err)
+	}
+	return &imagePages{f: f, buf: make([]byte, 1<<20)}, nil
+}
+
+func (p *imagePages) close() { _ = p.f.Close() }
+
+// write copies n bytes of the image from srcOff into fd at dst as writePages does.
+func (p *imagePages) write(ctx context.Context, fd int, srcOff, n, dst int64, punch bool) (int64, error) {
+	var written int64
+	for done := int64(0); done < n; {
+		want := min(int64(len(p.buf)), n-done)
+		got, err := preadFull(int(p.f.Fd()), p.buf[:want], srcOff+done)
+		if err != nil {
+			return written, err
+		}
+		if int64(got) < want {
+			return written, fmt.Errorf("pages image %s ends at %d", filepath.Base(p.f.Name()), srcOff+done+int64(got))
+		}
+		w, err := writePages(ctx, fd, p.buf[:want], dst+done, punch)
+		written += w
+		if err != nil {
+			return written, err
+		}
+		done += want
+	}
+	return written, nil
 }
