@@ -578,3 +578,19 @@ func TestGuardVMAsSynthetic(t *testing.T) {
 		t.Errorf("guard VMAs changed or moved: %v", vmas)
 	}
 }
+
+// A forged checkpoint whose pagemap announces more pages than its pages image holds fails
+// the rewrite with a one-line error (no panic), and leaves no memory file behind.
+func TestRewriteRefusesAShortPagesImage(t *testing.T) {
+	img, family := t.TempDir(), shmDir(t)
+	tk := synthTask{pid: 1, vmas: []*vma.VmaEntry{vmaE(0, 8, statusAnon, anonPrivateFlag, 0, 0)},
+		pm: []*pagemap.PagemapEntry{pmE(0, 4)}, pages: append(page('a'), page('b')...)}
+	writeSynth(t, img, nil, tk)
+	_, err := Rewrite(context.Background(), Options{CheckpointDir: img, FamilyDir: family, Prefix: "p"})
+	if err == nil || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("err = %v, want one line", err)
+	}
+	if left := listDir(t, family); len(left) != 0 {
+		t.Errorf("family dir holds %v after a refused rewrite", left)
+	}
+}
