@@ -78,9 +78,11 @@ qemu=$(command -v qemu-system-x86_64 || true)
 virtiofsd=/usr/lib/qemu/virtiofsd
 if [ -z "$qemu" ] || [ ! -x "$virtiofsd" ]; then
 	plan=$(apt-get -s install --no-install-recommends qemu-system-x86 2>&1) || { echo "$plan" >&2; exit 2; }
-	if grep -q '^Inst .*\[' <<<"$plan"; then
+	# An upgrade reads "Inst pkg [installed] (new ...)"; a new package's line ends in its
+	# architecture in brackets, "Inst pkg (1.0 Debian:12/oldstable [amd64])".
+	if grep -qE '^Inst [^ ]+ \[' <<<"$plan"; then
 		log "installing qemu-system-x86 would upgrade installed packages; install it yourself:"
-		grep '^Inst .*\[' <<<"$plan" >&2
+		grep -E '^Inst [^ ]+ \[' <<<"$plan" >&2
 		exit 2
 	fi
 	log "installing qemu-system-x86 from the host's release (--no-install-recommends)"
