@@ -240,7 +240,7 @@ type imagePages struct {
 }
 
 func openImagePages(dir string, id uint32) (*imagePages, error) {
-	name := fmt.Sprintf("pages-%d.img", id)
+	name := pagesImage(id)
 	f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open image %s: %w", name, err)
@@ -271,3 +271,6 @@ func (p *imagePages) write(ctx context.Context, fd int, srcOff, n, dst int64, pu
 	}
 	return written, nil
 }
+
+// pagesImage names the checkpoint file that holds the pages a pagemap head's pages_id names.
+func pagesImage(id uint32) string { return fmt.Sprintf("pages-%d.img", id) }

@@ -448,7 +448,7 @@ func (t *task) split(dir string) error {
 			n -= p.n
 		}
 	}
-	name := fmt.Sprintf("pages-%d.img", t.pagesID)
+	name := pagesImage(t.pagesID)
 	st, err := os.Stat(filepath.Join(dir, name))
 	if t.placed != "" {
 		if err == nil && st.Size() != 0 {

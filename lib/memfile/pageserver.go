@@ -198,7 +198,7 @@ func (ps *PageServer) serve() (retErr error) {
 				ps.placed[uint32(id)] = name
 			case psTypeShmem:
 				img.name = fmt.Sprintf("pagemap-shmem-%d.img", id)
-				fd, err := unix.Open(filepath.Join(ps.checkpointDir, fmt.Sprintf("pages-%d.img", img.pagesID)),
+				fd, err := unix.Open(filepath.Join(ps.checkpointDir, pagesImage(img.pagesID)),
 					unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 				if err != nil {
 					return fmt.Errorf("page server: %w", err)
@@ -310,7 +310,7 @@ func openPlaced(path string) (int, error) {
 // touchPages makes the empty pages image a process's pagemap head names (its pages are
 // in its memory file).
 func touchPages(dir string, id uint32) error {
-	f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("pages-%d.img", id)), os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
+	f, err := os.OpenFile(filepath.Join(dir, pagesImage(id)), os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("page server: %w", err)
 	}

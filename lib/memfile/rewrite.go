@@ -403,7 +403,7 @@ func (r *rewriter) release() {
 }
 
 func mapPages(dir string, id uint32) ([]byte, error) {
-	name := fmt.Sprintf("pages-%d.img", id)
+	name := pagesImage(id)
 	f, err := os.Open(filepath.Join(dir, name))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -876,7 +876,7 @@ func (r *rewriter) store(name string, img *crit.CriuImage, steps *undo.Stack) er
 
 // writePagesImage copies the pages that stay in the checkpoint into a new pages image.
 func (r *rewriter) writePagesImage(t *task, steps *undo.Stack) error {
-	name := fmt.Sprintf("pages-%d.img", t.pagesID)
+	name := pagesImage(t.pagesID)
 	srcPath := filepath.Join(r.set.dir, name)
 	if t.placed != "" {
 		srcPath = t.placed // pieces' src are addresses in it
